@@ -1,0 +1,3 @@
+from lsan.cli import main
+
+raise SystemExit(main())

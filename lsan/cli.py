@@ -1,0 +1,267 @@
+"""`lsan` command line: thin subcommands that parse flags into configs and call the library.
+
+Every user mistake (unknown dataset or model, missing files, bad --set, corrupt checkpoint) ends
+as one `error: ...` line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from lsan.checkpoint import CheckpointError, load_model
+from lsan.config import (
+    ConfigError,
+    DataConfig,
+    RunConfig,
+    merge,
+    override,
+    parse_sets,
+    read_config_file,
+)
+from lsan.data.prepare import DATASETS, data_root, dataset_stats, load_dataset
+from lsan.data.readers import DataError
+from lsan.tables import markdown_table
+
+METRIC_COLUMNS = ["HR@5", "NDCG@5", "HR@10", "NDCG@10", "HR@20", "NDCG@20", "MRR@10"]
+
+
+def build_run(
+    dataset: str | None = None,
+    model: str | None = None,
+    config_file: str | None = None,
+    sets: list[str] | None = None,
+    **flags: Any,
+) -> RunConfig:
+    """defaults -> config file -> --set -> explicit flags (dataset, model, data_dir, device, ...)."""
+    from lsan.models import model_config
+
+    tree = read_config_file(config_file) if config_file else {}
+    tree = merge(tree, parse_sets(sets or []))
+    if dataset:
+        tree.setdefault("data", {})["dataset"] = dataset
+    if model:
+        tree["model_name"] = model
+    for key, section in (("data_dir", "data"), ("cache_dir", "data"), ("device", "train")):
+        if flags.get(key):
+            tree.setdefault(section, {})[key] = flags[key]
+    model_values = tree.pop("model", {})
+    if not isinstance(model_values, dict):
+        raise ConfigError(
+            "'model' must be a section of model settings (use model_name for the name)"
+        )
+    name = str(tree.pop("model_name", RunConfig.model_name))
+    run = override(RunConfig(model_name=name), tree)
+    run = dataclasses.replace(run, model=model_config(name, model_values))
+    if run.data.dataset not in DATASETS:
+        raise ConfigError(f"unknown dataset '{run.data.dataset}' (known: {', '.join(DATASETS)})")
+    return run
+
+
+def metrics_rows(results: dict[str, dict[str, Any]], split: str = "test") -> list[dict[str, Any]]:
+    rows = []
+    for name, res in results.items():
+        row: dict[str, Any] = {"model": name, **res[split]}
+        row["params"] = res.get("parameters", 0)
+        row["s/epoch"] = res.get("seconds_per_epoch", 0.0)
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- subcommands
+
+
+def cmd_data_stats(args: argparse.Namespace) -> int:
+    names = DATASETS if args.dataset == "all" else [args.dataset]
+    rows = []
+    for name in names:
+        try:
+            ds = load_dataset(name, args.data_dir, args.cache_dir, args.min_count)
+        except DataError as exc:
+            if args.dataset != "all":
+                raise
+            print(f"skipped {name}: {exc}", file=sys.stderr)
+            continue
+        rows.append(
+            ds.stats
+            if args.json
+            else dataset_stats(ds) | {"k-core rounds": ds.stats["filter_rounds"]}
+        )
+    if args.json:
+        print(json.dumps(rows if args.dataset == "all" else rows[0], indent=2))
+    else:
+        cols = ["dataset", "users", "items", "interactions", "avg_length", "density",
+                "categories", "time_slots", "slot_rule", "k-core rounds"]  # fmt: skip
+        for r in rows:
+            r["density"] = f"{100 * r['density']:.3f}%"
+        print(markdown_table(rows, cols))
+    return 0
+
+
+def cmd_data_download(args: argparse.Namespace) -> int:
+    from lsan.data.download import download
+
+    target = download(args.dataset, data_root(args.data_dir), url=args.url, md5=args.md5)
+    print(f"{args.dataset} ready in {target}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from lsan.train import train
+
+    run = build_run(args.dataset, args.model, args.config, args.set,
+                    data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device)  # fmt: skip
+    result = train(run, args.out, resume=args.resume, progress=not args.quiet)
+    print(
+        markdown_table(
+            metrics_rows({run.model_name: result}), ["model", *METRIC_COLUMNS, "params", "s/epoch"]
+        )
+    )
+    print(f"checkpoint: {args.out} (best epoch {result['best_epoch']} of {result['epochs']})")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from lsan.evaluate import evaluate
+    from lsan.train import resolve_device
+
+    device = resolve_device(args.device)
+    model, run, info = load_model(args.checkpoint, device)
+    data = run.data
+    ds = load_dataset(
+        data.dataset,
+        args.data_dir or data.data_dir,
+        args.cache_dir or data.cache_dir,
+        data.min_count,
+    )
+    if ds.num_items != info.num_items:
+        raise CheckpointError(
+            f"dataset '{ds.name}' has {ds.num_items} items but the checkpoint expects {info.num_items}"
+        )
+    ecfg = dataclasses.replace(run.eval, mask_seen=not args.no_mask_seen)
+    metrics = evaluate(model, ds, args.split, info.max_len, ecfg, device)
+    out = {"checkpoint": str(args.checkpoint), "model": run.model_name, "dataset": ds.name,
+           "split": args.split, "mask_seen": ecfg.mask_seen, **metrics}  # fmt: skip
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            markdown_table(
+                [{"model": run.model_name, **metrics}], ["model", *METRIC_COLUMNS, "users"]
+            )
+        )
+        print(f"{ds.name} {args.split} split, full ranking, mask_seen={ecfg.mask_seen}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The main job: prepare data, train the models, evaluate, print the side-by-side table."""
+    from lsan.models import MODELS
+    from lsan.train import train
+
+    out = Path(args.out)
+    results = {}
+    for model in args.models:
+        print(f"== training {model} on {args.dataset}", flush=True)
+        # model.* settings go to the models that have such a field (pop has none)
+        fields = {f.name for f in dataclasses.fields(MODELS[model][1])}
+        own = [s for s in args.set if not s.startswith("model.") or s[6:].split("=")[0] in fields]
+        sets = [f"train.epochs={args.epochs}", *own]
+        run = build_run(args.dataset, model, None, sets, data_dir=args.data_dir, device=args.device)
+        results[model] = train(run, out / model, progress=not args.quiet)
+    table = markdown_table(metrics_rows(results), ["model", *METRIC_COLUMNS, "params", "s/epoch"])
+    print(f"\n{args.dataset}: test split, leave-one-out, full ranking, seen items masked\n{table}")
+    (out / "results.md").write_text(table + "\n")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def _data_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data-dir", default="", help="raw datasets root (default $LSAN_DATA_DIR or ./data)"
+    )
+    p.add_argument(
+        "--cache-dir",
+        default="",
+        help="prepared-data cache (default $LSAN_CACHE_DIR or ~/.cache/lsan)",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    from lsan.models import MODELS
+
+    ap = argparse.ArgumentParser(prog="lsan", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    data = sub.add_parser("data", help="dataset statistics and downloads")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    st = dsub.add_parser("stats", help="the dataset table (users, items, interactions, ...)")
+    st.add_argument("--dataset", required=True, choices=[*DATASETS, "all"])
+    st.add_argument("--min-count", type=int, default=DataConfig.min_count)
+    st.add_argument("--json", action="store_true")
+    _data_flags(st)
+    st.set_defaults(func=cmd_data_stats)
+    dl = dsub.add_parser("download", help="fetch a MovieLens zip from GroupLens and unpack it")
+    dl.add_argument("dataset", choices=["ml-100k", "ml-1m"])
+    dl.add_argument("--url", default=None, help="mirror URL (default: the canonical GroupLens URL)")
+    dl.add_argument(
+        "--md5", default=None, help="expected md5 of the zip (default: GroupLens' published sum)"
+    )
+    _data_flags(dl)
+    dl.set_defaults(func=cmd_data_download)
+
+    tr = sub.add_parser("train", help="train a model into a checkpoint directory")
+    tr.add_argument("--dataset", default=None, choices=DATASETS)
+    tr.add_argument("--model", default=None, choices=list(MODELS))
+    tr.add_argument(
+        "--config", default=None, help="JSON or TOML file with data/model/train/eval sections"
+    )
+    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one setting, e.g. train.lr=3e-4 model.dim=128 (repeatable)")  # fmt: skip
+    tr.add_argument("--out", required=True, help="checkpoint directory")
+    tr.add_argument("--device", default="", help="auto, cpu, cuda or cuda:N (default auto)")
+    tr.add_argument("--resume", action="store_true", help="continue from --out's trainer_state.pt")
+    tr.add_argument("--quiet", action="store_true", help="no progress output")
+    _data_flags(tr)
+    tr.set_defaults(func=cmd_train)
+
+    ev = sub.add_parser("evaluate", help="full-ranking metrics of a checkpoint")
+    ev.add_argument("checkpoint")
+    ev.add_argument("--split", default="test", choices=["test", "valid"])
+    ev.add_argument("--json", action="store_true")
+    ev.add_argument(
+        "--no-mask-seen", action="store_true", help="keep already-seen items in the ranking"
+    )
+    ev.add_argument("--device", default="auto")
+    _data_flags(ev)
+    ev.set_defaults(func=cmd_evaluate)
+
+    de = sub.add_parser("demo", help="the main job end to end on one dataset, offline")
+    de.add_argument("--dataset", default="synthetic", choices=DATASETS)
+    de.add_argument("--models", nargs="+", default=["pop", "sasrec"], choices=list(MODELS))
+    de.add_argument("--epochs", type=int, default=40)
+    de.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    de.add_argument("--out", default="runs/demo")
+    de.add_argument("--device", default="")
+    de.add_argument("--data-dir", default="")
+    de.add_argument("--quiet", action="store_true")
+    de.set_defaults(func=cmd_demo)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ConfigError, DataError, CheckpointError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,45 @@
+"""Model registry: name -> (model class, config class).
+
+Every model shares one API, which the trainer, the evaluation and the ONNX export rely on:
+- `Model(cfg, info)` with `cfg` the model's frozen config dataclass and `info` a `DataInfo`;
+- `forward(items, cats, slots) -> (B, T, D)` hidden states for left-padded inputs (B, T);
+- `loss(items, cats, slots, targets) -> scalar`, targets (B, T) with PAD where nothing is due;
+- `score_all(items, cats, slots) -> (B, |V|+1)` next-item scores, padding column very negative.
+Models with closed-form statistics set `trainable = False` and define `fit_counts(counts)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+
+from lsan.config import ConfigError, override
+from lsan.models.info import DataInfo
+from lsan.models.pop import Pop, PopConfig
+from lsan.models.sasrec import SASRec, SASRecConfig
+
+MODELS: dict[str, tuple[type[nn.Module], type]] = {
+    "pop": (Pop, PopConfig),
+    "sasrec": (SASRec, SASRecConfig),
+}
+
+
+def model_config(name: str, values: dict[str, Any] | None = None) -> Any:
+    """The config dataclass of model `name`, defaults overridden by `values`."""
+    if name not in MODELS:
+        raise ConfigError(f"unknown model '{name}' (known: {', '.join(MODELS)})")
+    return override(MODELS[name][1](), values or {}, prefix="model.")
+
+
+def build_model(name: str, cfg: Any, info: DataInfo) -> nn.Module:
+    if name not in MODELS:
+        raise ConfigError(f"unknown model '{name}' (known: {', '.join(MODELS)})")
+    cls, cfg_cls = MODELS[name]
+    if not isinstance(cfg, cfg_cls):
+        cfg = model_config(name, dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg)
+    return cls(cfg, info)
+
+
+__all__ = ["MODELS", "DataInfo", "build_model", "model_config"]

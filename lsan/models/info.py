@@ -1,0 +1,13 @@
+"""What a model needs to know about its data: sizes only, so configs stay JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    num_items: int  # catalogue size |V| (ids 1..|V|, 0 = padding)
+    num_categories: int  # category ids incl. 0 = padding and 1 = unknown
+    num_slots: int  # time-slot ids incl. 0 = padding and 1 = unknown
+    max_len: int  # longest input sequence (positions)

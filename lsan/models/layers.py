@@ -1,0 +1,140 @@
+"""Shared building blocks: attention masks, multi-head self-attention, feed-forward, blocks.
+
+Conventions every model follows (they are the ONNX contract too):
+- Sequences are left-padded: the most recent item is at position T-1, padding (PAD = 0) first.
+- Masks are additive with a finite large negative (`NEG`), never boolean, and no row is ever
+  fully masked: a query may always attend to itself. Fully masked rows turn into NaN in some ONNX
+  runtimes; padding queries attend to themselves and their outputs are zeroed afterwards.
+- Attention is written out (matmul, softmax, matmul) rather than calling a fused kernel, so the
+  attention weights can be returned for analysis and export stays a plain graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PAD = 0
+NEG = -1e9  # finite "minus infinity" for additive masks
+
+ATTENTION_MODES = ("causal", "bidirectional", "local")
+
+
+def attention_mask(items: torch.Tensor, mode: str = "causal", window: int = 0) -> torch.Tensor:
+    """Additive mask (B, 1, T, T) from item ids (B, T): 0 where a query may look, NEG elsewhere.
+
+    causal: keys at or before the query; bidirectional: every key; local: keys within `window`
+    positions on both sides. Padding keys are masked for every query, except a query's own
+    position, so no row is ever empty.
+    """
+    t = items.shape[1]
+    pos = torch.arange(t, device=items.device)
+    rel = pos[None, :] - pos[:, None]  # (T, T) key - query
+    if mode == "causal":
+        allowed = rel <= 0
+    elif mode == "bidirectional":
+        allowed = torch.ones_like(rel, dtype=torch.bool)
+    elif mode == "local":
+        allowed = rel.abs() <= max(window, 1)
+    else:
+        raise ValueError(f"unknown attention mode {mode!r} (known: {', '.join(ATTENTION_MODES)})")
+    key_ok = (items != PAD)[:, None, None, :]  # (B, 1, 1, T)
+    eye = (rel == 0)[None, None]  # (1, 1, T, T)
+    ok = (allowed[None, None] & key_ok) | eye  # (B, 1, T, T)
+    return torch.where(ok, 0.0, NEG).to(torch.float32)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention with an additive mask."""
+
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q = q.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # (B, H, T, Dh)
+        k = k.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads) + mask  # (B, H, T, T)
+        weights = torch.softmax(scores, dim=-1)
+        y = self.drop(weights) @ v  # (B, H, T, Dh)
+        y = y.transpose(1, 2).reshape(b, t, d)  # (B, T, D)
+        return self.out(y), (weights if return_weights else None)
+
+
+class FeedForward(nn.Module):
+    """Point-wise feed-forward: Linear -> GeLU -> dropout -> Linear."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(F.gelu(self.fc1(x))))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN transformer block: x + Attn(LN(x)), then x + FFN(LN(x))."""
+
+    def __init__(self, dim: int, heads: int, dropout: float, ffn_mult: int = 1):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = SelfAttention(dim, heads, dropout)
+        self.ln2 = nn.LayerNorm(dim)
+        self.ffn = FeedForward(dim, ffn_mult * dim, dropout)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, w = self.attn(self.ln1(x), mask, return_weights)
+        x = x + self.drop(a)
+        x = x + self.drop(self.ffn(self.ln2(x)))
+        return x, w
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """N(0, std) for linear and embedding weights, zero biases, unit layer norms.
+
+    A small std matters: SASRec with N(0, 1) embeddings scaled by sqrt(D) scored below popularity
+    on this protocol, N(0, 0.02) fixed it (../shared/NOTES.md).
+    """
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def next_item_loss(hidden: torch.Tensor, targets: torch.Tensor, score_fn) -> torch.Tensor:
+    """Full-softmax cross-entropy at every non-padding position.
+
+    hidden (B, T, D), targets (B, T) with PAD where there is nothing to predict. Only real
+    positions are scored, which on short-sequence data (Beauty: 9 items on average, padded to 50)
+    saves most of the |V|-wide matmul.
+    """
+    keep = targets != PAD
+    logits = score_fn(hidden[keep])  # (N, |V|+1)
+    return F.cross_entropy(logits, targets[keep])

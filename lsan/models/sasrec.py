@@ -1,0 +1,87 @@
+"""SASRec: causal self-attention over the item sequence (Kang & McAuley, 2018), the strong variant.
+
+Design choices (those of the SASRec+ re-evaluations, Klenitskiy & Vasilev 2023):
+- full-softmax cross-entropy on the next item at every position (no sampled negatives);
+- pre-LN blocks with a final layer norm, GeLU feed-forward, learned absolute positions;
+- item embeddings N(0, 0.02), not scaled by sqrt(D); the output layer is tied to the input table;
+- causal attention by default; `attention` switches to bidirectional or local for the AE/AR study.
+Context inputs (category, time slot) are accepted for the shared API and ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lsan.models.info import DataInfo
+from lsan.models.layers import (
+    NEG,
+    PAD,
+    TransformerBlock,
+    attention_mask,
+    init_weights,
+    next_item_loss,
+)
+
+
+@dataclass(frozen=True)
+class SASRecConfig:
+    dim: int = 64  # embedding and hidden size D
+    layers: int = 2  # transformer blocks
+    heads: int = 1  # attention heads per block
+    dropout: float = 0.3  # dropout on embeddings, attention weights and residual branches
+    ffn_mult: int = 1  # feed-forward hidden size = ffn_mult * D
+    attention: str = "causal"  # causal, bidirectional or local
+    window: int = 3  # local attention reach, in positions (attention = local only)
+    init_std: float = 0.02  # std of the normal initialisation
+
+
+class SASRec(nn.Module):
+    def __init__(self, cfg: SASRecConfig, info: DataInfo):
+        super().__init__()
+        self.cfg, self.info = cfg, info
+        self.item_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)
+        self.pos_emb = nn.Embedding(info.max_len, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg.dim, cfg.heads, cfg.dropout, cfg.ffn_mult)
+            for _ in range(cfg.layers)
+        )
+        self.ln = nn.LayerNorm(cfg.dim)
+        init_weights(self, cfg.init_std)
+
+    def forward(
+        self,
+        items: torch.Tensor,
+        cats: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Hidden state per position (B, T, D); with return_weights also per-layer attention."""
+        t = items.shape[1]
+        pos = torch.arange(self.info.max_len - t, self.info.max_len, device=items.device)
+        keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
+        x = self.drop(self.item_emb(items) + self.pos_emb(pos)[None]) * keep  # (B, T, D)
+        mask = attention_mask(items, self.cfg.attention, self.cfg.window)
+        weights = []
+        for block in self.blocks:
+            x, w = block(x, mask, return_weights)
+            x = x * keep
+            if w is not None:
+                weights.append(w)
+        h = self.ln(x)
+        return (h, weights) if return_weights else h
+
+    def item_scores(self, h: torch.Tensor) -> torch.Tensor:
+        """Scores of every item for hidden states h (..., D) -> (..., |V|+1)."""
+        return h @ self.item_emb.weight.T
+
+    def loss(self, items, cats, slots, targets) -> torch.Tensor:
+        return next_item_loss(self(items, cats, slots), targets, self.item_scores)
+
+    def score_all(self, items, cats=None, slots=None) -> torch.Tensor:
+        """Next-item scores after the last position: (B, |V|+1), padding column = NEG."""
+        scores = self.item_scores(self(items, cats, slots)[:, -1])
+        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)

@@ -1,0 +1,189 @@
+"""The one training loop for every model: Adam, early stopping on validation NDCG@10, checkpoints.
+
+Reproducibility: every epoch re-seeds torch from (seed, epoch), so a resumed run continues
+exactly as an uninterrupted one would (same shuffles, same dropout masks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from lsan.checkpoint import (
+    dataset_record,
+    load_model,
+    save_config,
+    save_tensors,
+    write_json,
+)
+from lsan.config import RunConfig
+from lsan.data.batching import item_counts, train_tensors
+from lsan.data.prepare import SeqDataset, default_max_len, load_dataset
+from lsan.evaluate import evaluate
+from lsan.models import DataInfo, build_model, model_config
+
+MONITOR = "NDCG@10"  # validation metric for early stopping and model selection
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """ "auto" -> cuda when available, else cpu; an explicit cuda request without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"device '{name}' requested but no CUDA GPU is available (use --device cpu)"
+        )
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device '{name}' (use auto, cpu, cuda or cuda:N)") from None
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve(run: RunConfig, ds: SeqDataset) -> tuple[RunConfig, DataInfo]:
+    """Fill dataset-dependent defaults (max_len) and the model config; describe the data."""
+    data = run.data
+    if data.max_len <= 0:
+        data = dataclasses.replace(data, max_len=default_max_len(ds.name))
+    model = run.model if run.model is not None else model_config(run.model_name)
+    run = dataclasses.replace(run, data=data, model=model)
+    info = DataInfo(ds.num_items, ds.num_categories, ds.num_slots, data.max_len)
+    return run, info
+
+
+def train(
+    run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True,
+    ds: SeqDataset | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Train `run` into checkpoint directory `out`; returns the final metrics (also metrics.json).
+
+    `ds` replaces loading `run.data.dataset` (tests and sweeps pass a prepared dataset).
+    """
+    out = Path(out)
+    tc = run.train
+    # ---- setup: data, model, optimizer
+    if tc.threads > 0:
+        torch.set_num_threads(tc.threads)
+    device = resolve_device(tc.device)
+    seed_everything(tc.seed)
+    if ds is None:
+        ds = load_dataset(
+            run.data.dataset, run.data.data_dir, run.data.cache_dir, run.data.min_count
+        )
+    run, info = resolve(run, ds)
+    model = build_model(run.model_name, run.model, info).to(device)
+    data = train_tensors(ds, info.max_len).to(device)
+    trainable = getattr(model, "trainable", True)
+    if not trainable:
+        model.fit_counts(torch.as_tensor(item_counts(ds)))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay) if params else None
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(out, run, info)
+    write_json(out / "dataset.json", dataset_record(ds))
+    log_path = out / "train_log.jsonl"
+
+    # ---- resume: weights, optimizer and progress of the last finished epoch
+    state: dict[str, Any] = {"epoch": 0, "best": -1.0, "best_epoch": 0, "bad": 0, "seconds": 0.0}
+    if resume and (out / "trainer_state.pt").is_file():
+        saved = torch.load(out / "trainer_state.pt", map_location=device, weights_only=True)
+        model.load_state_dict(saved["model"])
+        if opt is not None:
+            opt.load_state_dict(saved["optimizer"])
+        state = {k: saved[k] for k in state}
+    elif log_path.exists():
+        log_path.unlink()
+
+    # ---- epochs: shuffle, step on every batch, evaluate, keep the best, stop early
+    epochs = tc.epochs if trainable else 1
+    start_time = time.perf_counter() - state["seconds"]
+    for epoch in range(state["epoch"] + 1, epochs + 1):
+        t0 = time.perf_counter()
+        torch.manual_seed(tc.seed * 100_003 + epoch)
+        model.train()
+        order = torch.randperm(len(data), device=device)
+        total, steps = 0.0, 0
+        batches = range(0, len(data), tc.batch_size) if trainable else range(0)
+        for i in tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=not progress):
+            b = data.rows(order[i : i + tc.batch_size])
+            loss = model.loss(b.items, b.cats, b.slots, b.targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item()
+            steps += 1
+        train_seconds = time.perf_counter() - t0
+        record: dict[str, Any] = {
+            "epoch": epoch,
+            "loss": total / max(steps, 1),
+            "train_seconds": train_seconds,
+        }
+        if epoch % tc.eval_every == 0 or epoch == epochs:
+            metrics = evaluate(model, ds, "valid", info.max_len, run.eval, device)
+            record["valid"] = metrics
+            if metrics[MONITOR] > state["best"]:
+                state.update(best=metrics[MONITOR], best_epoch=epoch, bad=0)
+                save_tensors(out / "model.pt", model.state_dict())
+            else:
+                state["bad"] += 1
+        record["seconds"] = time.perf_counter() - t0
+        state.update(epoch=epoch, seconds=time.perf_counter() - start_time)
+        with open(log_path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if progress:
+            shown = f" valid {MONITOR} {record['valid'][MONITOR]:.4f}" if "valid" in record else ""
+            tqdm.write(
+                f"epoch {epoch:3d}  loss {record['loss']:.4f}{shown}  {record['seconds']:.1f}s"
+            )
+        save_tensors(
+            out / "trainer_state.pt",
+            {"model": model.state_dict(), "optimizer": opt.state_dict() if opt else {}, **state},
+        )
+        if state["bad"] >= tc.patience:
+            break
+        if tc.max_minutes and (time.perf_counter() - start_time) / 60 >= tc.max_minutes:
+            break
+
+    # ---- final: the best weights on validation and test
+    best, _, _ = load_model(out, device)
+    log = (
+        [json.loads(line) for line in log_path.read_text().splitlines()]
+        if log_path.exists()
+        else []
+    )
+    train_secs = [r["train_seconds"] for r in log]
+    result = {
+        "model": run.model_name,
+        "dataset": ds.name,
+        "valid": evaluate(best, ds, "valid", info.max_len, run.eval, device),
+        "test": evaluate(best, ds, "test", info.max_len, run.eval, device),
+        "best_epoch": state["best_epoch"],
+        "epochs": state["epoch"],
+        "seconds_per_epoch": float(np.mean(train_secs)) if train_secs else 0.0,
+        "train_seconds": state["seconds"],
+        "parameters": sum(p.numel() for p in best.parameters()),
+        "device": str(device),
+        "protocol": {
+            "split": "leave-one-out (last = test, second last = valid)",
+            "ranking": "full catalogue",
+            "mask_seen": run.eval.mask_seen,
+            "ties": "pessimistic",
+            "min_count": run.data.min_count,
+            "max_len": info.max_len,
+        },
+    }
+    write_json(out / "metrics.json", result)
+    return result

@@ -1,0 +1,32 @@
+"""Shared fixtures: a small generated dataset, the shared real data, a private cache dir."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Every test run gets its own prepared-data cache, shared across tests of the run.
+os.environ.setdefault("LSAN_CACHE_DIR", tempfile.mkdtemp(prefix="lsan-test-cache-"))
+
+from lsan.data.prepare import SeqDataset, build  # noqa: E402
+from lsan.data.synthetic import SyntheticConfig, generate  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("LSAN_TEST_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def small_ds() -> SeqDataset:
+    """A few hundred generated users: enough structure to learn, seconds to train."""
+    cfg = SyntheticConfig(users=600, items=300, categories=8, mean_length=20, seed=3)
+    return build(generate(cfg), "synthetic", 5)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not (SHARED_DATA / "ml-100k" / "u.data").is_file():
+        pytest.skip(f"real datasets not found in {SHARED_DATA} (set LSAN_TEST_DATA_DIR)")
+    return SHARED_DATA

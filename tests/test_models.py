@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from lsan.models import MODELS, DataInfo, build_model, model_config
+from lsan.models.layers import NEG, attention_mask
+
+INFO = DataInfo(num_items=40, num_categories=6, num_slots=26, max_len=12)
+NEURAL = [name for name in MODELS if name != "pop"]
+
+
+def batch(b=3, t=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    items = torch.randint(1, INFO.num_items + 1, (b, t), generator=g)
+    items[0, :5] = 0  # left padding in one row
+    cats = torch.randint(2, INFO.num_categories, (b, t), generator=g) * (items != 0)
+    slots = torch.randint(2, INFO.num_slots, (b, t), generator=g) * (items != 0)
+    return items, cats, slots
+
+
+def test_attention_mask_never_empty_and_causal():
+    items = torch.tensor([[0, 0, 3, 4]])
+    m = attention_mask(items, "causal")
+    assert m.shape == (1, 1, 4, 4)
+    assert torch.all((m == 0).any(-1))  # every row has somewhere to look
+    assert m[0, 0, 2, 3] == NEG and m[0, 0, 3, 2] == 0 and m[0, 0, 3, 0] == NEG
+    local = attention_mask(torch.tensor([[1, 2, 3, 4, 5]]), "local", window=1)
+    assert local[0, 0, 2].tolist() == [NEG, 0, 0, 0, NEG]
+    with pytest.raises(ValueError, match="unknown attention mode"):
+        attention_mask(items, "sideways")
+
+
+@pytest.mark.parametrize("name", NEURAL)
+def test_shapes_and_pad_column(name):
+    model = build_model(name, model_config(name), INFO).eval()
+    items, cats, slots = batch()
+    h = model(items, cats, slots)
+    assert h.shape[:2] == items.shape
+    scores = model.score_all(items, cats, slots)
+    assert scores.shape == (3, INFO.num_items + 1)
+    assert torch.all(scores[:, 0] <= NEG / 2) and torch.isfinite(scores).all()
+    targets = torch.roll(items, -1, 1)
+    loss = model.loss(items, cats, slots, targets)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("name", NEURAL)
+def test_causal_outputs_ignore_later_items(name):
+    torch.manual_seed(0)
+    model = build_model(name, model_config(name), INFO).eval()
+    items, cats, slots = batch()
+    changed = items.clone()
+    changed[:, 8:] = torch.randint(1, INFO.num_items + 1, changed[:, 8:].shape)
+    with torch.no_grad():
+        a, b = model(items, cats, slots), model(changed, cats, slots)
+    assert torch.allclose(a[:, :8], b[:, :8], atol=1e-5)
+    assert not torch.allclose(a[:, 8:], b[:, 8:], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NEURAL)
+def test_extra_left_padding_changes_nothing(name):
+    model = build_model(name, model_config(name), INFO).eval()
+    items, cats, slots = batch(t=8)
+    pad = lambda x: torch.cat([torch.zeros(x.shape[0], 4, dtype=x.dtype), x], 1)
+    with torch.no_grad():
+        a = model.score_all(items, cats, slots)
+        b = model.score_all(pad(items), pad(cats), pad(slots))
+    # positions are absolute from the right, so padding on the left is invisible
+    assert torch.allclose(a, b, atol=1e-4)
