@@ -160,7 +160,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: prepare data, train the models, evaluate, print the side-by-side table."""
-    from lsan.models import MODELS
+    from lsan.models import model_config
     from lsan.train import train
 
     out = Path(args.out)
@@ -168,7 +168,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for model in args.models:
         print(f"== training {model} on {args.dataset}", flush=True)
         # model.* settings go to the models that have such a field (pop has none)
-        fields = {f.name for f in dataclasses.fields(MODELS[model][1])}
+        fields = {f.name for f in dataclasses.fields(model_config(model))}
         own = [s for s in args.set if not s.startswith("model.") or s[6:].split("=")[0] in fields]
         sets = [f"train.epochs={args.epochs}", *own]
         run = build_run(args.dataset, model, None, sets, data_dir=args.data_dir, device=args.device)

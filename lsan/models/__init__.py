@@ -11,18 +11,25 @@ Models with closed-form statistics set `trainable = False` and define `fit_count
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from torch import nn
 
 from lsan.config import ConfigError, override
 from lsan.models.info import DataInfo
+from lsan.models.lsan import LSAN, LSANConfig
 from lsan.models.pop import Pop, PopConfig
 from lsan.models.sasrec import SASRec, SASRecConfig
 
-MODELS: dict[str, tuple[type[nn.Module], type]] = {
+# name -> (model class, factory of its default config); variants are the same class with
+# different defaults, so `lsan_full` is LSAN with one full |V| x D table.
+MODELS: dict[str, tuple[type[nn.Module], Callable[[], Any]]] = {
     "pop": (Pop, PopConfig),
     "sasrec": (SASRec, SASRecConfig),
+    "lsan": (LSAN, LSANConfig),
+    "lsan_full": (LSAN, partial(LSANConfig, full_table=True)),
 }
 
 
@@ -36,10 +43,9 @@ def model_config(name: str, values: dict[str, Any] | None = None) -> Any:
 def build_model(name: str, cfg: Any, info: DataInfo) -> nn.Module:
     if name not in MODELS:
         raise ConfigError(f"unknown model '{name}' (known: {', '.join(MODELS)})")
-    cls, cfg_cls = MODELS[name]
-    if not isinstance(cfg, cfg_cls):
-        cfg = model_config(name, dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg)
-    return cls(cfg, info)
+    if cfg is None or isinstance(cfg, dict):
+        cfg = model_config(name, cfg)
+    return MODELS[name][0](cfg, info)
 
 
 __all__ = ["MODELS", "DataInfo", "build_model", "model_config"]

@@ -138,3 +138,101 @@ def next_item_loss(hidden: torch.Tensor, targets: torch.Tensor, score_fn) -> tor
     keep = targets != PAD
     logits = score_fn(hidden[keep])  # (N, |V|+1)
     return F.cross_entropy(logits, targets[keep])
+
+
+def table_sizes(num_ids: int, tables: int, m1: int = 0) -> list[int]:
+    """Rows per base table so that the product covers ids 0..num_ids-1.
+
+    m1 > 0 (the LSAN paper's knob, N = 2 style): the first table has m1 rows and the remaining
+    tables split the quotient ceil(num_ids / m1) as evenly as possible. m1 = 0: balanced, each
+    table about num_ids ** (1 / tables) rows.
+    """
+    if tables < 1:
+        raise ValueError("tables must be >= 1")
+    if tables == 1:
+        return [num_ids]
+    if m1 > 0:
+        rest = table_sizes(math.ceil(num_ids / m1), tables - 1)
+        return [m1, *rest]
+    side = math.ceil(num_ids ** (1.0 / tables))
+    sizes = [side] * tables
+    # shrink the last tables while the product still covers every id
+    for i in reversed(range(tables)):
+        others = math.prod(sizes[:i] + sizes[i + 1 :])
+        sizes[i] = math.ceil(num_ids / others)
+    return sizes
+
+
+def mixed_radix(ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """Quotient-remainder codes: (..., N) with code_n = (id div prod(sizes[:n])) mod sizes[n]."""
+    codes, rest = [], ids
+    for m in sizes:
+        codes.append(rest % m)
+        rest = torch.div(rest, m, rounding_mode="floor")
+    return torch.stack(codes, dim=-1)
+
+
+class CompositionalEmbedding(nn.Module):
+    """N small base tables; item v selects row code_n(v) of table n (quotient-remainder).
+
+    `base(items)` returns the N selected vectors (B, T, N, D) for a fusion layer to combine.
+    `scores(h)` scores every item without building the |V| x D matrix: for each table, h . E_n
+    gives (.., m_n) scores of its rows; item v's score is sum_n w[v, n] * (h . E_n)[code_n(v)] +
+    b[v]. That is the dot product with the output embedding sum_n w[v, n] E_n[code_n(v)], so
+    it is exact, and costs O(sum(m_n) D + N |V|) per query instead of O(|V| D). The per-item
+    weights w (init 1) and bias b (init 0) cost N + 1 numbers per item, not D.
+    """
+
+    def __init__(self, num_items: int, dim: int, tables: int, m1: int = 0, item_weights: bool = True):
+        super().__init__()
+        self.sizes = table_sizes(num_items + 1, tables, m1)
+        self.tables = nn.ParameterList(nn.Parameter(torch.zeros(m, dim)) for m in self.sizes)
+        self.register_buffer("codes", mixed_radix(torch.arange(num_items + 1), self.sizes).T.contiguous())
+        self.item_weights = nn.Parameter(torch.ones(num_items + 1, tables)) if item_weights else None
+        self.item_bias = nn.Parameter(torch.zeros(num_items + 1)) if item_weights else None
+
+    def reset(self, std: float) -> None:
+        for t in self.tables:
+            nn.init.normal_(t, 0.0, std)
+
+    def base(self, items: torch.Tensor) -> torch.Tensor:
+        """(B, T) ids -> (B, T, N, D) selected base vectors; padding rows are zero."""
+        codes = mixed_radix(items, self.sizes)  # (B, T, N)
+        vecs = torch.stack([t[codes[..., n]] for n, t in enumerate(self.tables)], dim=-2)
+        return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., |V|+1) factorised scores of every item."""
+        total = None
+        for n, t in enumerate(self.tables):
+            part = (h @ t.T).index_select(-1, self.codes[n])  # (..., |V|+1)
+            if self.item_weights is not None:
+                part = part * self.item_weights[:, n]
+            total = part if total is None else total + part
+        assert total is not None
+        return total if self.item_bias is None else total + self.item_bias
+
+    def matrix(self) -> torch.Tensor:
+        """The explicit (|V|+1, D) output matrix; for tests and analysis only (never on a hot path)."""
+        rows = [t[self.codes[n]] for n, t in enumerate(self.tables)]  # N x (|V|+1, D)
+        if self.item_weights is not None:
+            rows = [r * self.item_weights[:, n : n + 1] for n, r in enumerate(rows)]
+        return torch.stack(rows).sum(0)
+
+
+class CausalDepthwiseConv(nn.Module):
+    """H depth-wise 1-D convolutions over time, left-padded so position t sees t-L+1 .. t only.
+
+    Each of the D channels has its own kernel of length L per head: O(H L D) parameters.
+    Returns (B, T, H, D).
+    """
+
+    def __init__(self, dim: int, heads: int, kernel: int):
+        super().__init__()
+        self.heads, self.kernel = heads, kernel
+        self.conv = nn.Conv1d(dim, dim * heads, kernel, groups=dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        y = self.conv(F.pad(x.transpose(1, 2), (self.kernel - 1, 0)))  # (B, D*H, T)
+        return y.view(b, d, self.heads, t).permute(0, 3, 2, 1)  # (B, T, H, D)

@@ -1,0 +1,197 @@
+"""LSAN: lightweight self-attentive sequential recommendation (../shared/papers/lsan-*.txt).
+
+Design choices (the paper gives the design, no code; where it is silent the choice is ours):
+- Compositional item embeddings: N base tables (default 2) indexed by mixed-radix quotient-
+  remainder codes, sized by the paper's knob m1 (tables of m1 and ceil(|V|/m1) rows) or balanced
+  (each ~|V|^(1/N), m1 = 0). Every item has a unique code tuple; padding is a zero vector.
+  `full_table = True` swaps in one |V| x D table (the paper's LSAN_full.emb).
+- Context of position t = (category of item t-1, category of item t, time slot of t), each an
+  embedding, summed into a context vector c (D). c attends over the N selected base vectors
+  (query W_q c, keys the base vectors, softmax over N) to fuse one item vector e; then the context
+  is injected as x = e + GeLU(W [e ; c]) with W: 2D -> D (the paper's MLP([e ; c]); the residual
+  keeps the item identity strong at initialisation). use_time / use_category switch the parts
+  off for the ablations; with both off the fusion query is a learned constant.
+- Twin attention, one layer by default, pre-LN: H self-attention heads (full width D each, the
+  paper's O(3HD^2) accounting; positional embeddings added to this branch's input only; causal,
+  bidirectional or local by `attention`) in parallel with H causal depth-wise convolution heads
+  (kernel L). The 2H head outputs (B, T, 2H, D) are concatenated and projected back to D by one
+  linear layer (the role of multi-head attention's W_O). Then a GeLU point-wise feed-forward;
+  residuals around both, dropout, a final layer norm. `conv = False` drops the conv branch.
+- Prediction through the same base tables without building the |V| x D matrix:
+  score(v) = sum_n w[v, n] (h . E_n)[code_n(v)] + b[v] (see CompositionalEmbedding.scores).
+- Objective: full-softmax cross-entropy on the next item at every non-padding position; L2 is
+  the trainer's weight decay (1e-5 by default, as in the paper).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lsan.models.info import DataInfo
+from lsan.models.layers import (
+    NEG,
+    PAD,
+    CausalDepthwiseConv,
+    CompositionalEmbedding,
+    FeedForward,
+    attention_mask,
+    init_weights,
+    next_item_loss,
+)
+
+
+class ContextFusion(nn.Module):
+    """Context-aware fusion of N base vectors into one item vector, then context injection."""
+
+    def __init__(self, dim: int, info: DataInfo, use_category: bool, use_time: bool):
+        super().__init__()
+        self.use_category, self.use_time = use_category, use_time
+        self.prev_cat = nn.Embedding(info.num_categories, dim, padding_idx=PAD) if use_category else None
+        self.cur_cat = nn.Embedding(info.num_categories, dim, padding_idx=PAD) if use_category else None
+        self.slot = nn.Embedding(info.num_slots, dim, padding_idx=PAD) if use_time else None
+        self.const = nn.Parameter(torch.zeros(dim))  # the context when both parts are off
+        self.query = nn.Linear(dim, dim)
+        self.inject = nn.Linear(2 * dim, dim)
+
+    def context(self, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        c = self.const.expand(*cats.shape, -1)  # (B, T, D)
+        if self.prev_cat is not None and self.cur_cat is not None:
+            prev = F.pad(cats[:, :-1], (1, 0), value=PAD)  # category of item t-1; PAD first
+            c = c + self.prev_cat(prev) + self.cur_cat(cats)
+        if self.slot is not None:
+            c = c + self.slot(slots)
+        return c
+
+    def forward(self, base: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """base (B, T, N, D) -> fused, context-injected item vectors (B, T, D)."""
+        c = self.context(cats, slots)
+        q = self.query(c)  # (B, T, D)
+        logits = (base @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])  # (B, T, N)
+        e = (torch.softmax(logits, dim=-1).unsqueeze(-1) * base).sum(-2)  # (B, T, D)
+        return e + F.gelu(self.inject(torch.cat([e, c], dim=-1)))
+
+
+class TwinAttention(nn.Module):
+    """H full-width self-attention heads || H causal depth-wise conv heads -> concat -> D."""
+
+    def __init__(self, dim: int, heads: int, kernel: int, dropout: float, conv: bool):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * heads * dim)
+        self.conv = CausalDepthwiseConv(dim, heads, kernel) if conv else None
+        self.out = nn.Linear((2 if conv else 1) * heads * dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x + pos).view(b, t, 3, self.heads, d).permute(2, 0, 3, 1, 4)  # (B, H, T, D)
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d) + mask, dim=-1)  # (B, H, T, T)
+        heads = (self.drop(weights) @ v).transpose(1, 2)  # (B, T, H, D)
+        if self.conv is not None:
+            heads = torch.cat([heads, self.conv(x)], dim=2)  # (B, T, 2H, D)
+        y = self.out(heads.reshape(b, t, -1))  # (B, T, D)
+        return y, (weights if return_weights else None)
+
+
+@dataclass(frozen=True)
+class LSANConfig:
+    dim: int = 128  # embedding and hidden size D (paper: 128; 64 on the sparsest data)
+    tables: int = 2  # N base tables; 1 with full_table is the plain |V| x D table
+    m1: int = 2  # rows of the first table (paper's compression knob); 0 = balanced tables
+    full_table: bool = False  # LSAN_full.emb: one |V| x D table instead of the composition
+    item_weights: bool = True  # per-item output weights and bias over the base scores (N+1 per item)
+    use_category: bool = True  # category context (item t-1 and item t) in fusion and injection
+    use_time: bool = True  # time-slot context (the paper's temporal ablation turns this off)
+    heads: int = 2  # heads per branch (H self-attention + H convolution)
+    kernel: int = 3  # convolution window L, in positions
+    conv: bool = True  # the convolution branch (False = plain self-attention ablation)
+    layers: int = 1  # twin-attention layers
+    dropout: float = 0.3  # dropout on embeddings, attention weights and residual branches
+    attention: str = "causal"  # causal, bidirectional or local self-attention branch
+    window: int = 3  # local attention reach (attention = local only)
+    init_std: float = 0.02  # std of the normal initialisation
+
+
+class TwinBlock(nn.Module):
+    """Pre-LN: x + TwinAttention(LN(x)), then x + FFN(LN(x))."""
+
+    def __init__(self, cfg: LSANConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.dim)
+        self.twin = TwinAttention(cfg.dim, cfg.heads, cfg.kernel, cfg.dropout, cfg.conv)
+        self.ln2 = nn.LayerNorm(cfg.dim)
+        self.ffn = FeedForward(cfg.dim, cfg.dim, cfg.dropout)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, pos, mask, return_weights=False):
+        a, w = self.twin(self.ln1(x), pos, mask, return_weights)
+        x = x + self.drop(a)
+        return x + self.drop(self.ffn(self.ln2(x))), w
+
+
+class LSAN(nn.Module):
+    def __init__(self, cfg: LSANConfig, info: DataInfo):
+        super().__init__()
+        self.cfg, self.info = cfg, info
+        if cfg.full_table:
+            self.items = None
+            self.item_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)
+        else:
+            self.items = CompositionalEmbedding(
+                info.num_items, cfg.dim, cfg.tables, cfg.m1, cfg.item_weights
+            )
+            self.item_emb = None
+        self.fusion = ContextFusion(cfg.dim, info, cfg.use_category, cfg.use_time)
+        self.pos_emb = nn.Embedding(info.max_len, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(TwinBlock(cfg) for _ in range(cfg.layers))
+        self.ln = nn.LayerNorm(cfg.dim)
+        init_weights(self, cfg.init_std)
+        if self.items is not None:
+            self.items.reset(cfg.init_std)
+
+    def embed(self, items: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Context-aware item vectors (B, T, D)."""
+        if self.item_emb is not None:
+            base = self.item_emb(items).unsqueeze(-2)  # (B, T, 1, D)
+        else:
+            assert self.items is not None
+            base = self.items.base(items)  # (B, T, N, D)
+        return self.fusion(base, cats, slots)
+
+    def forward(self, items, cats, slots, return_weights: bool = False):
+        """Hidden state per position (B, T, D); with return_weights also per-layer SA weights."""
+        t = items.shape[1]
+        keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
+        positions = torch.arange(self.info.max_len - t, self.info.max_len, device=items.device)
+        pos = self.pos_emb(positions)[None] * keep  # (B, T, D)
+        x = self.drop(self.embed(items, cats, slots)) * keep
+        mask = attention_mask(items, self.cfg.attention, self.cfg.window)
+        weights = []
+        for block in self.blocks:
+            x, w = block(x, pos, mask, return_weights)
+            x = x * keep
+            if w is not None:
+                weights.append(w)
+        h = self.ln(x)
+        return (h, weights) if return_weights else h
+
+    def item_scores(self, h: torch.Tensor) -> torch.Tensor:
+        if self.item_emb is not None:
+            return h @ self.item_emb.weight.T
+        assert self.items is not None
+        return self.items.scores(h)
+
+    def loss(self, items, cats, slots, targets) -> torch.Tensor:
+        return next_item_loss(self(items, cats, slots), targets, self.item_scores)
+
+    def score_all(self, items, cats, slots) -> torch.Tensor:
+        scores = self.item_scores(self(items, cats, slots)[:, -1])  # (B, |V|+1)
+        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)

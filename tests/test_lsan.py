@@ -1,0 +1,173 @@
+import math
+
+import pytest
+import torch
+
+from lsan.models import DataInfo, build_model, model_config
+from lsan.models.layers import CompositionalEmbedding, mixed_radix, table_sizes
+
+INFO = DataInfo(num_items=97, num_categories=7, num_slots=26, max_len=10)
+
+
+@pytest.mark.parametrize(("tables", "m1"), [(2, 2), (2, 3), (2, 8), (2, 0), (3, 0), (3, 4)])
+def test_every_item_has_a_unique_code(tables, m1):
+    sizes = table_sizes(INFO.num_items + 1, tables, m1)
+    assert len(sizes) == tables and math.prod(sizes) >= INFO.num_items + 1
+    if m1:
+        assert sizes[0] == m1 and sizes[1] >= math.ceil(
+            (INFO.num_items + 1) / m1 / max(sizes[2:] or [1])
+        )
+    codes = mixed_radix(torch.arange(INFO.num_items + 1), sizes)
+    assert codes.shape == (INFO.num_items + 1, tables)
+    assert len({tuple(c) for c in codes.tolist()}) == INFO.num_items + 1
+    for n, m in enumerate(sizes):
+        assert int(codes[:, n].max()) < m
+
+
+def test_balanced_tables_are_small():
+    assert table_sizes(12102, 2) == [111, 110]
+    assert max(table_sizes(1_000_001, 3)) <= 101
+
+
+def test_padding_vector_is_zero_and_codes_match_formula():
+    emb = CompositionalEmbedding(INFO.num_items, 8, 2, m1=3)
+    emb.reset(0.1)
+    items = torch.tensor([[0, 1, 5, 97]])
+    base = emb.base(items)
+    assert torch.all(base[0, 0] == 0)
+    v = 5
+    assert torch.equal(base[0, 2, 0], emb.tables[0][v % 3]) and torch.equal(
+        base[0, 2, 1], emb.tables[1][v // 3]
+    )
+
+
+@pytest.mark.parametrize("tables,m1", [(2, 2), (2, 0), (3, 0)])
+def test_factorised_scores_equal_naive_matrix(tables, m1):
+    torch.manual_seed(0)
+    emb = CompositionalEmbedding(INFO.num_items, 16, tables, m1)
+    emb.reset(0.5)
+    with torch.no_grad():
+        emb.item_weights.uniform_(0.5, 1.5)
+        emb.item_bias.normal_()
+    h = torch.randn(5, 16)
+    naive = h @ emb.matrix().T + emb.item_bias
+    assert torch.allclose(emb.scores(h), naive, atol=1e-5)
+
+
+def lsan(**kw):
+    name = "lsan_full" if kw.pop("full", False) else "lsan"
+    return build_model(name, model_config(name, {"dim": 16, "dropout": 0.0, **kw}), INFO).eval()
+
+
+def batch(seed=0, b=3, t=10):
+    g = torch.Generator().manual_seed(seed)
+    items = torch.randint(1, INFO.num_items + 1, (b, t), generator=g)
+    items[0, :4] = 0
+    cats = torch.randint(2, INFO.num_categories, (b, t), generator=g) * (items != 0)
+    slots = torch.randint(2, INFO.num_slots, (b, t), generator=g) * (items != 0)
+    return items, cats, slots
+
+
+@pytest.mark.parametrize(
+    "variant", [{}, {"conv": False}, {"heads": 1, "kernel": 5}, {"full": True}]
+)
+def test_outputs_at_t_ignore_items_after_t(variant):
+    torch.manual_seed(1)
+    model = lsan(**variant)
+    items, cats, slots = batch()
+    late = items.clone(), cats.clone(), slots.clone()
+    late[0][:, 6:] = torch.randint(1, INFO.num_items + 1, (3, 4))
+    late[1][:, 6:] = 3
+    late[2][:, 6:] = 9
+    with torch.no_grad():
+        a, b = model(items, cats, slots), model(*late)
+    assert torch.allclose(a[:, :6], b[:, :6], atol=1e-5)
+    assert not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-4)
+
+
+def test_conv_branch_alone_is_causal():
+    from lsan.models.layers import CausalDepthwiseConv
+
+    conv = CausalDepthwiseConv(4, 2, 3)
+    x = torch.randn(2, 8, 4)
+    y = x.clone()
+    y[:, 5:] += 1.0
+    assert torch.allclose(conv(x)[:, :5], conv(y)[:, :5]) and not torch.allclose(
+        conv(x)[:, 5:], conv(y)[:, 5:]
+    )
+
+
+def test_left_padding_invariance():
+    model = lsan()
+    items, cats, slots = batch(t=6)
+    pad = lambda x: torch.cat([torch.zeros(x.shape[0], 4, dtype=x.dtype), x], 1)
+    with torch.no_grad():
+        assert torch.allclose(
+            model.score_all(items, cats, slots),
+            model.score_all(pad(items), pad(cats), pad(slots)),
+            atol=1e-4,
+        )
+
+
+def test_context_changes_the_prediction_and_ablation_ignores_it():
+    items, cats, slots = batch()
+    other = torch.where(slots > 0, (slots + 5) % 24 + 2, slots)
+    with torch.no_grad():
+        full = lsan()
+        assert not torch.allclose(
+            full.score_all(items, cats, slots), full.score_all(items, cats, other)
+        )
+        torch.manual_seed(0)
+        no_time = lsan(use_time=False)
+        assert torch.allclose(
+            no_time.score_all(items, cats, slots), no_time.score_all(items, cats, other)
+        )
+
+
+def expected_params(cfg, info):
+    d, h, n_items = cfg.dim, cfg.heads, info.num_items + 1
+    if cfg.full_table:
+        emb = n_items * d
+    else:
+        emb = sum(table_sizes(n_items, cfg.tables, cfg.m1)) * d + (
+            n_items * (cfg.tables + 1) if cfg.item_weights else 0
+        )
+    ctx = (2 * info.num_categories * d if cfg.use_category else 0) + (
+        info.num_slots * d if cfg.use_time else 0
+    )
+    fusion = ctx + d + (d * d + d) + (2 * d * d + d)  # const, query, inject
+    branches = 2 if cfg.conv else 1
+    twin = (
+        (d * 3 * h * d + 3 * h * d)
+        + (branches * h * d * d + d)
+        + ((h * d * cfg.kernel + h * d) if cfg.conv else 0)
+    )
+    block = twin + 2 * (2 * d) + (d * d + d) * 2  # two layer norms, FFN (D -> D -> D)
+    return emb + fusion + info.max_len * d + cfg.layers * block + 2 * d
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"m1": 0},
+        {"tables": 3, "m1": 0},
+        {"conv": False},
+        {"use_time": False, "use_category": False},
+        {"item_weights": False},
+        {"full": True},
+        {"layers": 2, "heads": 1},
+    ],
+)
+def test_parameter_count_matches_formula(kw):
+    model = lsan(**kw)
+    assert sum(p.numel() for p in model.parameters()) == expected_params(model.cfg, INFO)
+
+
+def test_compositional_is_much_smaller_than_full():
+    big = DataInfo(num_items=12101, num_categories=9, num_slots=9, max_len=50)
+    count = lambda name, **kw: sum(
+        p.numel() for p in build_model(name, model_config(name, kw), big).parameters()
+    )
+    full, m2, bal = count("lsan_full"), count("lsan", m1=2), count("lsan", m1=0)
+    assert m2 < 0.65 * full and bal < 0.25 * full
