@@ -10,7 +10,6 @@ Models with closed-form statistics set `trainable = False` and define `fit_count
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from functools import partial
 from typing import Any

@@ -183,12 +183,18 @@ class CompositionalEmbedding(nn.Module):
     weights w (init 1) and bias b (init 0) cost N + 1 numbers per item, not D.
     """
 
-    def __init__(self, num_items: int, dim: int, tables: int, m1: int = 0, item_weights: bool = True):
+    def __init__(
+        self, num_items: int, dim: int, tables: int, m1: int = 0, item_weights: bool = True
+    ):
         super().__init__()
         self.sizes = table_sizes(num_items + 1, tables, m1)
         self.tables = nn.ParameterList(nn.Parameter(torch.zeros(m, dim)) for m in self.sizes)
-        self.register_buffer("codes", mixed_radix(torch.arange(num_items + 1), self.sizes).T.contiguous())
-        self.item_weights = nn.Parameter(torch.ones(num_items + 1, tables)) if item_weights else None
+        self.register_buffer(
+            "codes", mixed_radix(torch.arange(num_items + 1), self.sizes).T.contiguous()
+        )
+        self.item_weights = (
+            nn.Parameter(torch.ones(num_items + 1, tables)) if item_weights else None
+        )
         self.item_bias = nn.Parameter(torch.zeros(num_items + 1)) if item_weights else None
 
     def reset(self, std: float) -> None:

@@ -51,8 +51,12 @@ class ContextFusion(nn.Module):
     def __init__(self, dim: int, info: DataInfo, use_category: bool, use_time: bool):
         super().__init__()
         self.use_category, self.use_time = use_category, use_time
-        self.prev_cat = nn.Embedding(info.num_categories, dim, padding_idx=PAD) if use_category else None
-        self.cur_cat = nn.Embedding(info.num_categories, dim, padding_idx=PAD) if use_category else None
+        self.prev_cat = (
+            nn.Embedding(info.num_categories, dim, padding_idx=PAD) if use_category else None
+        )
+        self.cur_cat = (
+            nn.Embedding(info.num_categories, dim, padding_idx=PAD) if use_category else None
+        )
         self.slot = nn.Embedding(info.num_slots, dim, padding_idx=PAD) if use_time else None
         self.const = nn.Parameter(torch.zeros(dim))  # the context when both parts are off
         self.query = nn.Linear(dim, dim)
@@ -91,8 +95,12 @@ class TwinAttention(nn.Module):
         self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, t, d = x.shape
-        q, k, v = self.qkv(x + pos).view(b, t, 3, self.heads, d).permute(2, 0, 3, 1, 4)  # (B, H, T, D)
-        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d) + mask, dim=-1)  # (B, H, T, T)
+        q, k, v = (
+            self.qkv(x + pos).view(b, t, 3, self.heads, d).permute(2, 0, 3, 1, 4)
+        )  # (B, H, T, D)
+        weights = torch.softmax(
+            q @ k.transpose(-2, -1) / math.sqrt(d) + mask, dim=-1
+        )  # (B, H, T, T)
         heads = (self.drop(weights) @ v).transpose(1, 2)  # (B, T, H, D)
         if self.conv is not None:
             heads = torch.cat([heads, self.conv(x)], dim=2)  # (B, T, 2H, D)
@@ -106,7 +114,9 @@ class LSANConfig:
     tables: int = 2  # N base tables; 1 with full_table is the plain |V| x D table
     m1: int = 2  # rows of the first table (paper's compression knob); 0 = balanced tables
     full_table: bool = False  # LSAN_full.emb: one |V| x D table instead of the composition
-    item_weights: bool = True  # per-item output weights and bias over the base scores (N+1 per item)
+    item_weights: bool = (
+        True  # per-item output weights and bias over the base scores (N+1 per item)
+    )
     use_category: bool = True  # category context (item t-1 and item t) in fusion and injection
     use_time: bool = True  # time-slot context (the paper's temporal ablation turns this off)
     heads: int = 2  # heads per branch (H self-attention + H convolution)
