@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from lsan.config import DataConfig, EvalConfig, RunConfig, TrainConfig, override, to_dict
+from lsan.data.batching import item_counts
 from lsan.data.prepare import SeqDataset
 from lsan.models import DataInfo, build_model, model_config
 
@@ -51,6 +52,7 @@ def dataset_record(ds: SeqDataset) -> dict[str, Any]:
         "category_names": ds.category_names,
         "raw_item_ids": ds.raw_item_ids.tolist(),
         "item_category": ds.item_category.tolist(),
+        "item_counts": item_counts(ds).astype(int).tolist(),  # training interactions per item
     }
 
 

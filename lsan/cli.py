@@ -115,7 +115,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run = build_run(args.dataset, args.model, args.config, args.set,
                     data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device)  # fmt: skip
-    result = train(run, args.out, resume=args.resume, progress=not args.quiet)
+    result = train(
+        run, args.out, resume=args.resume, progress=not args.quiet, command=args.command_line
+    )
     print(
         markdown_table(
             metrics_rows({run.model_name: result}), ["model", *METRIC_COLUMNS, "params", "s/epoch"]
@@ -172,7 +174,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         own = [s for s in args.set if not s.startswith("model.") or s[6:].split("=")[0] in fields]
         sets = [f"train.epochs={args.epochs}", *own]
         run = build_run(args.dataset, model, None, sets, data_dir=args.data_dir, device=args.device)
-        results[model] = train(run, out / model, progress=not args.quiet)
+        results[model] = train(run, out / model, progress=not args.quiet, command=args.command_line)
     table = markdown_table(metrics_rows(results), ["model", *METRIC_COLUMNS, "params", "s/epoch"])
     print(f"\n{args.dataset}: test split, leave-one-out, full ranking, seen items masked\n{table}")
     (out / "results.md").write_text(table + "\n")
@@ -242,6 +244,10 @@ def parser() -> argparse.ArgumentParser:
     _data_flags(ev)
     ev.set_defaults(func=cmd_evaluate)
 
+    sub.add_parser(
+        "export", help="checkpoint -> verified ONNX artifact (see `lsan export -h`)", add_help=False
+    )
+
     de = sub.add_parser("demo", help="the main job end to end on one dataset, offline")
     de.add_argument("--dataset", default="synthetic", choices=DATASETS)
     de.add_argument("--models", nargs="+", default=["pop", "sasrec"], choices=list(MODELS))
@@ -256,7 +262,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:  # the exporter owns its flags (also `python export/export.py`)
+        from export.export import main as export_main
+
+        return export_main(argv[1:])
     args = parser().parse_args(argv)
+    args.command_line = " ".join(["lsan", *argv])
     try:
         return int(args.func(args))
     except (ConfigError, DataError, CheckpointError, ValueError) as exc:

@@ -66,11 +66,12 @@ def resolve(run: RunConfig, ds: SeqDataset) -> tuple[RunConfig, DataInfo]:
 
 def train(
     run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True,
-    ds: SeqDataset | None = None,
+    ds: SeqDataset | None = None, command: str = "",
 ) -> dict[str, Any]:  # fmt: skip
     """Train `run` into checkpoint directory `out`; returns the final metrics (also metrics.json).
 
-    `ds` replaces loading `run.data.dataset` (tests and sweeps pass a prepared dataset).
+    `ds` replaces loading `run.data.dataset` (tests and sweeps pass a prepared dataset);
+    `command` is recorded in metrics.json so every result names what produced it.
     """
     out = Path(out)
     tc = run.train
@@ -175,6 +176,8 @@ def train(
         "seconds_per_epoch": float(np.mean(train_secs)) if train_secs else 0.0,
         "train_seconds": state["seconds"],
         "parameters": sum(p.numel() for p in best.parameters()),
+        "model_bytes": (out / "model.pt").stat().st_size,
+        "command": command,
         "device": str(device),
         "protocol": {
             "split": "leave-one-out (last = test, second last = valid)",

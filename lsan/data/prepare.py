@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from lsan.data.readers import REAL_DATASETS, DataError, RawData, read_dataset
+from lsan.data.slots import NUM_SLOTS, UNKNOWN, time_slots
+from lsan.data.slots import PAD as PAD  # re-exported: the padding id of items, categories, slots
 from lsan.data.synthetic import SyntheticConfig, generate
 
-PAD = 0  # padding id for items, categories and time slots
-UNKNOWN = 1  # unknown category / time slot
 PREP_VERSION = 2  # bump when preparation changes, to invalidate caches
 DATASETS = (*REAL_DATASETS, "synthetic")
 DEFAULT_MAX_LEN = {"ml-1m": 200}  # every other dataset: 50
@@ -70,7 +70,7 @@ class SeqDataset:
 
     @property
     def num_slots(self) -> int:
-        return {"hour": 26, "weekday": 9, "none": 2}[self.slot_rule]
+        return NUM_SLOTS[self.slot_rule]
 
     @property
     def lengths(self) -> np.ndarray:
@@ -78,18 +78,6 @@ class SeqDataset:
 
     def sequence(self, user: int) -> np.ndarray:
         return self.items[self.offsets[user] : self.offsets[user + 1]]
-
-
-def time_slots(timestamps: np.ndarray | None, rule: str) -> np.ndarray:
-    """Slot ids for unix timestamps under `rule` (vectorised; used by serving's metadata too)."""
-    if timestamps is None or rule == "none":
-        return np.full(0 if timestamps is None else len(timestamps), UNKNOWN, dtype=np.int64)
-    ts = np.asarray(timestamps, dtype=np.int64)
-    if rule == "hour":
-        return (ts % 86400) // 3600 + 2
-    if rule == "weekday":
-        return (ts // 86400 + 3) % 7 + 2  # 1970-01-01 was a Thursday
-    raise ValueError(f"unknown time-slot rule {rule!r}")
 
 
 def slot_rule_for(timestamps: np.ndarray | None) -> str:

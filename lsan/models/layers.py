@@ -178,24 +178,22 @@ class CompositionalEmbedding(nn.Module):
     `base(items)` returns the N selected vectors (B, T, N, D) for a fusion layer to combine.
     `scores(h)` scores every item without building the |V| x D matrix: for each table, h . E_n
     gives (.., m_n) scores of its rows; item v's score is sum_n w[v, n] * (h . E_n)[code_n(v)] +
-    b[v]. That is the dot product with the output embedding sum_n w[v, n] E_n[code_n(v)], so
-    it is exact, and costs O(sum(m_n) D + N |V|) per query instead of O(|V| D). The per-item
-    weights w (init 1) and bias b (init 0) cost N + 1 numbers per item, not D.
+    b[v], the dot product with the output embedding sum_n w[v, n] E_n[code_n(v)], so it is exact.
+    Because v = code_1 + m_1 code_2 + m_1 m_2 code_3 + ..., the per-table scores are laid out over
+    all ids by broadcasting (an outer sum) instead of a gather: no index table is stored and the
+    cost is O(sum(m_n) D + N |V|) per query instead of O(|V| D). The per-item weights w (init 1)
+    and bias b (init 0) cost N + 1 numbers per item, not D.
     """
 
     def __init__(
         self, num_items: int, dim: int, tables: int, m1: int = 0, item_weights: bool = True
     ):
         super().__init__()
-        self.sizes = table_sizes(num_items + 1, tables, m1)
+        self.num_ids = num_items + 1
+        self.sizes = table_sizes(self.num_ids, tables, m1)
         self.tables = nn.ParameterList(nn.Parameter(torch.zeros(m, dim)) for m in self.sizes)
-        self.register_buffer(
-            "codes", mixed_radix(torch.arange(num_items + 1), self.sizes).T.contiguous()
-        )
-        self.item_weights = (
-            nn.Parameter(torch.ones(num_items + 1, tables)) if item_weights else None
-        )
-        self.item_bias = nn.Parameter(torch.zeros(num_items + 1)) if item_weights else None
+        self.item_weights = nn.Parameter(torch.ones(self.num_ids, tables)) if item_weights else None
+        self.item_bias = nn.Parameter(torch.zeros(self.num_ids)) if item_weights else None
 
     def reset(self, std: float) -> None:
         for t in self.tables:
@@ -204,14 +202,26 @@ class CompositionalEmbedding(nn.Module):
     def base(self, items: torch.Tensor) -> torch.Tensor:
         """(B, T) ids -> (B, T, N, D) selected base vectors; padding rows are zero."""
         codes = mixed_radix(items, self.sizes)  # (B, T, N)
-        vecs = torch.stack([t[codes[..., n]] for n, t in enumerate(self.tables)], dim=-2)
+        vecs = torch.stack(
+            [F.embedding(codes[..., n], t) for n, t in enumerate(self.tables)], dim=-2
+        )
         return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
+
+    def _spread(self, part: torch.Tensor, n: int) -> torch.Tensor:
+        """(..., m_n) scores of table n's rows -> (..., |V|+1): entry v = part[code_n(v)]."""
+        inner = math.prod(self.sizes[:n])  # ids cycle through table n every `inner` ids
+        outer = math.prod(self.sizes[n + 1 :])
+        lead = part.shape[:-1]
+        grid = part[..., None, :, None].expand(*lead, outer, self.sizes[n], inner)
+        return grid.reshape(*lead, -1)[..., : self.num_ids]
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., |V|+1) factorised scores of every item."""
         total = None
         for n, t in enumerate(self.tables):
-            part = (h @ t.T).index_select(-1, self.codes[n])  # (..., |V|+1)
+            part = self._spread(
+                F.linear(h, t), n
+            )  # (..., |V|+1); linear keeps one copy of t in ONNX
             if self.item_weights is not None:
                 part = part * self.item_weights[:, n]
             total = part if total is None else total + part
@@ -220,7 +230,8 @@ class CompositionalEmbedding(nn.Module):
 
     def matrix(self) -> torch.Tensor:
         """The explicit (|V|+1, D) output matrix; for tests and analysis only (never on a hot path)."""
-        rows = [t[self.codes[n]] for n, t in enumerate(self.tables)]  # N x (|V|+1, D)
+        codes = mixed_radix(torch.arange(self.num_ids, device=self.tables[0].device), self.sizes)
+        rows = [t[codes[:, n]] for n, t in enumerate(self.tables)]  # N x (|V|+1, D)
         if self.item_weights is not None:
             rows = [r * self.item_weights[:, n : n + 1] for n, r in enumerate(rows)]
         return torch.stack(rows).sum(0)
