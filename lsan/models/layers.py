@@ -207,26 +207,42 @@ class CompositionalEmbedding(nn.Module):
         )
         return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
 
-    def _spread(self, part: torch.Tensor, n: int) -> torch.Tensor:
-        """(..., m_n) scores of table n's rows -> (..., |V|+1): entry v = part[code_n(v)]."""
-        inner = math.prod(self.sizes[:n])  # ids cycle through table n every `inner` ids
-        outer = math.prod(self.sizes[n + 1 :])
-        lead = part.shape[:-1]
-        grid = part[..., None, :, None].expand(*lead, outer, self.sizes[n], inner)
-        return grid.reshape(*lead, -1)[..., : self.num_ids]
+    def grid_scores(self, h: torch.Tensor) -> torch.Tensor:
+        """(P, D) -> (P, M) scores over every code tuple (M = prod m_n >= |V|+1).
+
+        Ids v are laid out in row-major order over the grid (m_N, ..., m_1), so table n's row
+        scores broadcast along its own axis; ids beyond the catalogue score NEG. Training uses
+        these M columns directly (no slicing copy); `scores` slices the first |V|+1.
+        """
+        p, n_tables = h.shape[0], len(self.sizes)
+        grid = list(reversed(self.sizes))  # (m_N, ..., m_1)
+        pad = math.prod(self.sizes) - self.num_ids
+        total = None
+        if self.item_bias is not None:
+            total = F.pad(self.item_bias, (0, pad), value=NEG).view(1, *grid)
+        weights = F.pad(self.item_weights.T, (0, pad)) if self.item_weights is not None else None
+        for n, t in enumerate(self.tables):
+            shape = [p] + [1] * n_tables
+            shape[n_tables - n] = self.sizes[n]
+            part = F.linear(h, t).view(
+                shape
+            )  # (P, 1.., m_n, ..1); linear keeps one copy of t in ONNX
+            if weights is not None:
+                part = part * weights[n].view(1, *grid)
+            total = part if total is None else total + part
+        assert total is not None
+        if self.item_bias is None and pad:
+            total = total + F.pad(
+                torch.zeros(self.num_ids, device=h.device), (0, pad), value=NEG
+            ).view(1, *grid)
+        return total.reshape(p, -1)
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., |V|+1) factorised scores of every item."""
-        total = None
-        for n, t in enumerate(self.tables):
-            part = self._spread(
-                F.linear(h, t), n
-            )  # (..., |V|+1); linear keeps one copy of t in ONNX
-            if self.item_weights is not None:
-                part = part * self.item_weights[:, n]
-            total = part if total is None else total + part
-        assert total is not None
-        return total if self.item_bias is None else total + self.item_bias
+        lead = h.shape[:-1]
+        return self.grid_scores(h.reshape(-1, h.shape[-1]))[:, : self.num_ids].reshape(
+            *lead, self.num_ids
+        )
 
     def matrix(self) -> torch.Tensor:
         """The explicit (|V|+1, D) output matrix; for tests and analysis only (never on a hot path)."""

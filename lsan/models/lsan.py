@@ -200,7 +200,9 @@ class LSAN(nn.Module):
         return self.items.scores(h)
 
     def loss(self, items, cats, slots, targets) -> torch.Tensor:
-        return next_item_loss(self(items, cats, slots), targets, self.item_scores)
+        # training scores the whole code grid (ids past the catalogue score NEG): no slicing copy
+        score = self.items.grid_scores if self.items is not None else self.item_scores
+        return next_item_loss(self(items, cats, slots), targets, score)
 
     def score_all(self, items, cats, slots) -> torch.Tensor:
         scores = self.item_scores(self(items, cats, slots)[:, -1])  # (B, |V|+1)
