@@ -175,9 +175,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
         sets = [f"train.epochs={args.epochs}", *own]
         run = build_run(args.dataset, model, None, sets, data_dir=args.data_dir, device=args.device)
         results[model] = train(run, out / model, progress=not args.quiet, command=args.command_line)
-    table = markdown_table(metrics_rows(results), ["model", *METRIC_COLUMNS, "params", "s/epoch"])
+    rows = metrics_rows(results)
+    columns = ["model", *METRIC_COLUMNS, "params", "s/epoch"]
+    if not args.no_export:
+        from export.export import export
+
+        columns += ["artifact", "artifact bytes", "artifact NDCG@10", "p50 ms"]
+        for row in rows:
+            if row["model"] == "pop":
+                continue
+            print(f"== exporting {row['model']}", flush=True)
+            meta = export(out / row["model"], out / row["model"] / "artifact", log=lambda *_: None,
+                          data_dir=args.data_dir)  # fmt: skip
+            chosen = meta["parity"][meta["quantization"]]
+            row.update({"artifact": meta["quantization"], "artifact bytes": meta["bytes"],
+                        "artifact NDCG@10": meta["test_metrics"]["NDCG@10"], "p50 ms": chosen["latency_ms_b1"]})  # fmt: skip
+    table = markdown_table(rows, columns)
     print(f"\n{args.dataset}: test split, leave-one-out, full ranking, seen items masked\n{table}")
     (out / "results.md").write_text(table + "\n")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from lsan.report import collect, write_report
+
+    rows = collect([Path(p) for p in args.checkpoints], args.reference)
+    if not rows:
+        raise CheckpointError("no finished checkpoint (with metrics.json) among the given paths")
+    jpath, mpath = write_report(rows, args.name, Path(args.out), args.command_line)
+    print(mpath.read_text())
+    print(f"wrote {jpath} and {mpath}")
     return 0
 
 
@@ -244,15 +271,25 @@ def parser() -> argparse.ArgumentParser:
     _data_flags(ev)
     ev.set_defaults(func=cmd_evaluate)
 
+    rp = sub.add_parser("report", help="collect checkpoints into a results table (JSON + markdown)")
+    rp.add_argument("checkpoints", nargs="+")
+    rp.add_argument("--name", required=True, help="results file stem, e.g. models-beauty")
+    rp.add_argument("--out", default="benchmarks/results")
+    rp.add_argument("--reference", default="sasrec", help="model the ratios are relative to")
+    rp.set_defaults(func=cmd_report)
+
     sub.add_parser(
         "export", help="checkpoint -> verified ONNX artifact (see `lsan export -h`)", add_help=False
     )
 
     de = sub.add_parser("demo", help="the main job end to end on one dataset, offline")
     de.add_argument("--dataset", default="synthetic", choices=DATASETS)
-    de.add_argument("--models", nargs="+", default=["pop", "sasrec"], choices=list(MODELS))
-    de.add_argument("--epochs", type=int, default=40)
-    de.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    de.add_argument("--models", nargs="+", default=["pop", "sasrec", "lsan"], choices=list(MODELS))
+    de.add_argument("--epochs", type=int, default=20)
+    de.add_argument("--set", action="append", default=["model.dim=64"], metavar="KEY=VALUE")
+    de.add_argument(
+        "--no-export", action="store_true", help="stop after training (no ONNX artifacts)"
+    )
     de.add_argument("--out", default="runs/demo")
     de.add_argument("--device", default="")
     de.add_argument("--data-dir", default="")

@@ -49,8 +49,10 @@ def test_demo_prints_side_by_side_table(tmp_path, capsys):
         == 0
     )
     out = capsys.readouterr().out
-    assert "| pop " in out and "| sasrec " in out
+    assert "| pop " in out and "| sasrec " in out and "| lsan " in out and "artifact bytes" in out
     assert (tmp_path / "results.md").is_file() and (tmp_path / "sasrec" / "model.pt").is_file()
+    for model in ("sasrec", "lsan"):
+        assert (tmp_path / model / "artifact" / "model.onnx").is_file()
 
 
 def test_user_errors_are_one_line(tmp_path, capsys):
