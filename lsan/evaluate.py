@@ -8,6 +8,8 @@ equal to the target's ranks above it), which keeps tie-heavy scorers such as pop
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 from torch import nn
@@ -16,6 +18,7 @@ from lsan.config import EvalConfig
 from lsan.data.batching import eval_tensors, history_pairs
 from lsan.data.prepare import SeqDataset
 from lsan.metrics import all_metrics
+from lsan.models import Recommender
 
 
 def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -26,30 +29,33 @@ def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def rank_users(
-    model: nn.Module, ds: SeqDataset, split: str, max_len: int, cfg: EvalConfig,
+    model: Recommender | nn.Module, ds: SeqDataset, split: str, max_len: int, cfg: EvalConfig,
     device: torch.device, users: np.ndarray | None = None,
 ) -> np.ndarray:  # fmt: skip
     """Rank of each user's target for `split` ("valid" or "test"); all users unless given."""
-    model.eval()
+    if isinstance(model, nn.Module):
+        model.eval()
+    rec = cast(Recommender, model)
     data = eval_tensors(ds, split, max_len)
     users = np.arange(ds.num_users) if users is None else np.asarray(users)
     ranks = []
     for start in range(0, len(users), cfg.batch_size):
         rows = users[start : start + cfg.batch_size]
         batch = data.rows(torch.as_tensor(rows)).to(device)
-        scores = model.score_all(batch.items, batch.cats, batch.slots).float()  # (B, |V|+1)
+        scores = rec.score_all(batch.items, batch.cats, batch.slots).float()  # (B, |V|+1)
         scores[:, 0] = -torch.inf
         if cfg.mask_seen:
             r, items = history_pairs(ds, rows, split)
             scores[
                 torch.as_tensor(r, device=device), torch.as_tensor(items, device=device)
             ] = -torch.inf
+        assert batch.target is not None
         ranks.append(target_ranks(scores, batch.target).cpu().numpy())
     return np.concatenate(ranks) if ranks else np.zeros(0, dtype=np.int64)
 
 
 def evaluate(
-    model: nn.Module, ds: SeqDataset, split: str, max_len: int, cfg: EvalConfig,
+    model: Recommender | nn.Module, ds: SeqDataset, split: str, max_len: int, cfg: EvalConfig,
     device: torch.device,
 ) -> dict[str, float]:  # fmt: skip
     """HR/NDCG/MRR at cfg.ks over all users, plus the protocol used."""

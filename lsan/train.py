@@ -11,7 +11,7 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -28,7 +28,8 @@ from lsan.config import RunConfig
 from lsan.data.batching import item_counts, train_tensors
 from lsan.data.prepare import SeqDataset, default_max_len, load_dataset
 from lsan.evaluate import evaluate
-from lsan.models import DataInfo, build_model, model_config
+from lsan.models import DataInfo, Recommender, build_model, model_config
+from lsan.models.pop import Pop
 
 MONITOR = "NDCG@10"  # validation metric for early stopping and model selection
 
@@ -86,10 +87,11 @@ def train(
         )
     run, info = resolve(run, ds)
     model = build_model(run.model_name, run.model, info).to(device)
+    rec = cast(Recommender, model)
     data = train_tensors(ds, info.max_len).to(device)
     trainable = getattr(model, "trainable", True)
     if not trainable:
-        model.fit_counts(torch.as_tensor(item_counts(ds)))
+        cast(Pop, model).fit_counts(torch.as_tensor(item_counts(ds)))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay) if params else None
     out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +122,8 @@ def train(
         batches = range(0, len(data), tc.batch_size) if trainable else range(0)
         for i in tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=not progress):
             b = data.rows(order[i : i + tc.batch_size])
-            loss = model.loss(b.items, b.cats, b.slots, b.targets)
+            assert opt is not None and b.targets is not None
+            loss = rec.loss(b.items, b.cats, b.slots, b.targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -8,7 +8,9 @@ Leave-one-out layout of a user with n chronological items s[0..n-1]:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,13 +31,16 @@ class SeqTensors:
     target: torch.Tensor | None = None
     users: torch.Tensor | None = None  # (B,) user index of each row
 
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SeqTensors:
+        values: dict[str, Any] = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        mapped: dict[str, Any] = {f: None if v is None else fn(v) for f, v in values.items()}
+        return SeqTensors(**mapped)
+
     def rows(self, idx: torch.Tensor) -> SeqTensors:
-        pick = lambda t: None if t is None else t[idx]
-        return SeqTensors(*(pick(getattr(self, f)) for f in self.__dataclass_fields__))
+        return self._map(lambda t: t[idx])
 
     def to(self, device: torch.device) -> SeqTensors:
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)
-        return SeqTensors(*(move(getattr(self, f)) for f in self.__dataclass_fields__))
+        return self._map(lambda t: t.to(device, non_blocking=True))
 
     def __len__(self) -> int:
         return self.items.shape[0]

@@ -120,8 +120,12 @@ def build(raw: RawData, name: str, min_count: int) -> SeqDataset:
     labels = sorted({raw.item_category[i] for i in raw_items.tolist() if i in raw.item_category})
     cat_id = {lab: j + 2 for j, lab in enumerate(labels)}
     item_category = np.zeros(len(raw_items) + 1, dtype=np.int64)
-    item_category[1:] = [cat_id.get(raw.item_category.get(i), UNKNOWN) for i in raw_items.tolist()]
-    attr_lists = [[]] + [raw.item_attributes.get(i, []) for i in raw_items.tolist()]
+    item_category[1:] = [
+        cat_id.get(raw.item_category.get(i, ""), UNKNOWN) for i in raw_items.tolist()
+    ]
+    attr_lists: list[list[int]] = [[]] + [
+        raw.item_attributes.get(i, []) for i in raw_items.tolist()
+    ]
     attr_offsets = np.concatenate([[0], np.cumsum([len(a) for a in attr_lists])]).astype(np.int64)
     attr_values = np.asarray([a for lst in attr_lists for a in lst], dtype=np.int64)
 

@@ -12,15 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
-from torch import nn
+from torch import Tensor, nn
 
 from lsan.config import ConfigError, override
 from lsan.models.info import DataInfo
 from lsan.models.lsan import LSAN, LSANConfig
 from lsan.models.pop import Pop, PopConfig
 from lsan.models.sasrec import SASRec, SASRecConfig
+
+
+class Recommender(Protocol):
+    """The API every model shares (what the trainer, evaluation and export call)."""
+
+    def loss(self, items: Tensor, cats: Tensor, slots: Tensor, targets: Tensor) -> Tensor: ...
+    def score_all(self, items: Tensor, cats: Tensor, slots: Tensor) -> Tensor: ...
+
 
 # name -> (model class, factory of its default config); variants are the same class with
 # different defaults, so `lsan_full` is LSAN with one full |V| x D table.
@@ -47,4 +55,4 @@ def build_model(name: str, cfg: Any, info: DataInfo) -> nn.Module:
     return MODELS[name][0](cfg, info)
 
 
-__all__ = ["MODELS", "DataInfo", "build_model", "model_config"]
+__all__ = ["MODELS", "DataInfo", "Recommender", "build_model", "model_config"]

@@ -150,6 +150,8 @@ class LSAN(nn.Module):
     def __init__(self, cfg: LSANConfig, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
+        self.items: CompositionalEmbedding | None
+        self.item_emb: nn.Embedding | None
         if cfg.full_table:
             self.items = None
             self.item_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)

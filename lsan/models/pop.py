@@ -18,6 +18,7 @@ class PopConfig:
 
 class Pop(nn.Module):
     trainable = False  # closed form: the trainer calls fit_counts and skips gradient steps
+    counts: torch.Tensor
 
     def __init__(self, cfg: PopConfig, info: DataInfo):
         super().__init__()
