@@ -278,6 +278,10 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--reference", default="sasrec", help="model the ratios are relative to")
     rp.set_defaults(func=cmd_report)
 
+    sub.add_parser("serve", help="HTTP server on an artifact (see `lsan serve -h`)", add_help=False)
+    sub.add_parser(
+        "bench", help="size, memory and latency benchmarks (see `lsan bench -h`)", add_help=False
+    )
     sub.add_parser(
         "export", help="checkpoint -> verified ONNX artifact (see `lsan export -h`)", add_help=False
     )
@@ -304,6 +308,16 @@ def main(argv: list[str] | None = None) -> int:
         from export.export import main as export_main
 
         return export_main(argv[1:])
+    if argv[:1] == ["serve"]:  # the server owns its flags (also `python -m serving`)
+        from serving.__main__ import main as serve_main
+
+        return serve_main(argv[1:])
+    if argv[:1] == [
+        "bench"
+    ]:  # the benchmark suite owns its flags (also `python -m benchmarks.run`)
+        from benchmarks.run import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser().parse_args(argv)
     args.command_line = " ".join(["lsan", *argv])
     try:

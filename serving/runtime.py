@@ -20,6 +20,8 @@ import onnxruntime as ort
 
 from lsan.data.slots import NUM_SLOTS, PAD, UNKNOWN, time_slots
 
+NEG = -1e9  # the graph's score for excluded and padding items (lsan.models.layers.NEG)
+
 
 class ArtifactError(RuntimeError):
     """The artifact directory is missing, incomplete or has been tampered with."""
@@ -78,7 +80,7 @@ class Artifact:
             known_counts.append(len(kept))
             rows.append(kept)
         b = len(rows)
-        t = max(1, min(self.max_len, max((len(r) for r in rows), default=1)))
+        t = self.max_len  # always the training length: scores then match training exactly
         e = max(1, max((len(r) for r in rows), default=1)) if exclude_seen else 1
         items = np.zeros((b, t), dtype=np.int64)
         slots = np.zeros((b, t), dtype=np.int64)
@@ -123,10 +125,9 @@ class Artifact:
                     Result([(int(self.raw_ids[i]), 0.0) for i in pop], unknown[r], "popular")
                 )
                 continue
-            pairs = [
-                (int(self.raw_ids[i]), float(s))
-                for i, s in zip(top_items[r, :k], top_scores[r, :k], strict=True)
-            ]
+            real = top_scores[r, :k] > NEG / 2  # fewer than k unseen items left: drop masked ones
+            ids, scores = top_items[r, :k][real], top_scores[r, :k][real]
+            pairs = [(int(self.raw_ids[i]), float(s)) for i, s in zip(ids, scores, strict=True)]
             results.append(Result(pairs, unknown[r]))
         return results
 
@@ -159,5 +160,5 @@ def load_artifact(path: str | Path, threads: int = 1) -> Artifact:
         return Artifact(path, meta, threads)
     except (KeyError, TypeError) as exc:
         raise ArtifactError(f"{meta_path} lacks a field the runtime needs: {exc}") from None
-    except ort.capi.onnxruntime_pybind11_state.Fail as exc:  # type: ignore[attr-defined]
+    except ort.capi.onnxruntime_pybind11_state.Fail as exc:
         raise ArtifactError(f"{model_path} cannot be loaded by onnxruntime: {exc}") from None

@@ -1,0 +1,454 @@
+"""HTTP server that simulates the edge device: an ONNX artifact's recommendations over FastAPI.
+
+Routes: POST /recommend, POST /recommend/batch, GET /health (liveness), GET /ready (503 until the
+model is loaded and warmed up), GET /metadata (what was shipped and how it was verified, without
+the id tables) and GET /metrics (Prometheus text, from a registry owned by the app, so several
+apps in one process do not collide).
+
+`create_app()` reads `Settings` (env `LSAN_*`) when called. The artifact is loaded in the
+lifespan, so a missing or tampered artifact stops startup; `serve()` checks it before uvicorn
+starts so the failure is one clean line. Recommendation routes are plain `def`: FastAPI runs them
+in its thread pool and they share one onnxruntime session, which is safe to run concurrently.
+
+Errors are JSON `{"message": ..., "errors": [...]}`: 400 malformed JSON, 404 unknown route, 405
+wrong method, 413 body too large, 422 an invalid field or a limit (history length, k, batch
+size), 503 not ready. Anything unexpected is a 500 with a generic message and no traceback.
+
+Batches: the requests are grouped by `exclude_seen` (it changes the model input) and each group
+is one onnxruntime call at the group's largest k; every answer is then cut to its own k, which is
+exact because the runtime's top-K is sorted best first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serving.runtime import Artifact, ArtifactError, Result, load_artifact
+from serving.schemas import (
+    BatchRequest,
+    BatchResponse,
+    ErrorResponse,
+    Health,
+    Limits,
+    Metadata,
+    Ready,
+    Recommendation,
+    RecommendRequest,
+    RecommendResponse,
+    Sizes,
+)
+from serving.settings import Settings
+
+log = logging.getLogger("uvicorn.error")  # uvicorn configures this one, so startup lines show
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": why}
+    for code, why in [
+        (400, "malformed JSON"),
+        (413, "request body too large"),
+        (422, "invalid field or limit exceeded"),
+        (503, "model not loaded yet"),
+    ]
+}
+
+
+# ---------------------------------------------------------------- metrics
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry
+    requests: Counter
+    latency: Histogram
+    exceptions: Counter
+    recommendations: Counter
+    unknown_items: Counter
+    ready: Gauge
+
+
+def new_metrics() -> Metrics:
+    r = CollectorRegistry()
+    return Metrics(
+        registry=r,
+        requests=Counter("lsan_http_requests", "HTTP requests by method, route and status",
+                         ["method", "route", "status"], registry=r),
+        latency=Histogram("lsan_http_request_duration_seconds", "HTTP request latency",
+                          ["method", "route"], buckets=LATENCY_BUCKETS, registry=r),
+        exceptions=Counter("lsan_http_exceptions", "Unexpected errors (answered 500) by route",
+                           ["route", "exception"], registry=r),
+        recommendations=Counter("lsan_recommendations", "Histories answered, by fallback",
+                                ["fallback"], registry=r),
+        unknown_items=Counter("lsan_unknown_items", "History entries skipped: unknown item id",
+                              registry=r),
+        ready=Gauge("lsan_model_ready", "1 once the model is loaded and warmed up", registry=r),
+    )  # fmt: skip
+
+
+def _route(scope: Scope) -> str:
+    """The matched route's template (bounded label values); 'unmatched' for unknown paths."""
+    return getattr(scope.get("route"), "path", None) or "unmatched"
+
+
+class MetricsMiddleware:
+    """Counts every request by route template and status and times it, 4xx and 5xx included."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        except Exception as exc:
+            status = 500
+            self.metrics.exceptions.labels(_route(scope), type(exc).__name__).inc()
+            raise
+        finally:
+            route, method = _route(scope), scope["method"]
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.latency.labels(method, route).observe(time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------- request body limit
+
+
+class BodyLimitMiddleware:
+    """413 for a body over `limit` bytes, by Content-Length or by counting a streamed body.
+
+    The error is raised when the route reads the body, so it goes through the app's exception
+    handlers (same JSON shape) and the metrics see the route it was meant for.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        too_large = HTTPException(413, f"request body larger than {self.limit} bytes")
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            if declared.isdigit() and int(declared) > self.limit:
+                raise too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise too_large
+            return message
+
+        await self.app(scope, limited, send)
+
+
+# ---------------------------------------------------------------- errors
+
+
+class ErrorJSON(JSONResponse):
+    """ASCII-escaped JSON: an error message may quote a client's string (a field name), and a
+    lone surrogate in it must not turn a 422 into an encoding failure."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            content, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+        ).encode("ascii")
+
+
+def _where(loc: Sequence[str | int]) -> str:
+    """('body', 'history', 2, 'timestamp') -> 'history[2].timestamp'."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out or "body"
+
+
+async def validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+    bad_json = next((e for e in exc.errors() if e["type"] == "json_invalid"), None)
+    if bad_json is not None:
+        why = bad_json.get("ctx", {}).get("error", "cannot be parsed")
+        message = f"malformed JSON body: {why} (at character {bad_json['loc'][-1]})"
+        return ErrorJSON({"message": message, "errors": errors[:1]}, status_code=400)
+    shown = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in errors[:5])
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return ErrorJSON({"message": f"invalid request: {shown}{more}", "errors": errors[:50]}, 422)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = str(exc.detail)
+    if exc.status_code in (404, 405):
+        message = f"{message}: {request.method} {request.url.path}"
+    return ErrorJSON({"message": message}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    # Starlette re-raises the exception after this response, so the server logs the traceback.
+    return ErrorJSON({"message": "internal server error"}, status_code=500)
+
+
+# ---------------------------------------------------------------- dependencies
+
+
+async def get_artifact(request: Request) -> Artifact:
+    if not getattr(request.app.state, "ready", False):
+        raise HTTPException(503, "model not loaded yet")
+    return request.app.state.artifact
+
+
+async def get_limits(request: Request) -> Limits:
+    return request.app.state.limits
+
+
+async def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+ArtifactDep = Annotated[Artifact, Depends(get_artifact)]
+LimitsDep = Annotated[Limits, Depends(get_limits)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+
+
+# ---------------------------------------------------------------- recommendation
+
+
+def check_limits(req: RecommendRequest, limits: Limits, loc: tuple[str | int, ...]) -> list[dict]:
+    """The limits that depend on settings and artifact, as validation errors (none: valid)."""
+    errors = []
+    if len(req.history) > limits.max_history:
+        errors.append({"type": "too_long", "loc": (*loc, "history"),
+                       "msg": f"history has {len(req.history)} entries, at most "
+                              f"{limits.max_history} are accepted"})  # fmt: skip
+    if req.k > limits.k_max:
+        errors.append({"type": "less_than_equal", "loc": (*loc, "k"),
+                       "msg": f"k must be at most {limits.k_max} (this server's k max)"})  # fmt: skip
+    return errors
+
+
+def answer(
+    req: RecommendRequest, result: Result, artifact: Artifact, latency_ms: float, metrics: Metrics
+) -> RecommendResponse:
+    # When fewer than k items are left after exclusion, the graph's top-K is topped up with
+    # masked entries (padding, seen items): drop them rather than return seen items.
+    seen = {e.item_id for e in req.history} if req.exclude_seen else set()
+    kept = [(i, s) for i, s in result.items if i in artifact.index_of and i not in seen][: req.k]
+    metrics.recommendations.labels(result.fallback or "none").inc()
+    metrics.unknown_items.inc(len(result.unknown_items))
+    return RecommendResponse(
+        items=[Recommendation(item_id=i, score=s, rank=r) for r, (i, s) in enumerate(kept, 1)],
+        model=artifact.model,
+        unknown_items=result.unknown_items,
+        latency_ms=round(latency_ms, 3),
+        fallback=result.fallback,  # type: ignore[arg-type]
+    )
+
+
+def pairs(req: RecommendRequest) -> list[tuple[int, float | None]]:
+    return [(e.item_id, e.timestamp) for e in req.history]
+
+
+def recommend(
+    body: RecommendRequest, artifact: ArtifactDep, limits: LimitsDep, metrics: MetricsDep
+) -> RecommendResponse:
+    """Top-k raw item ids for one history (oldest first)."""
+    start = time.perf_counter()
+    if errors := check_limits(body, limits, ("body",)):
+        raise RequestValidationError(errors)
+    result = artifact.recommend([pairs(body)], k=body.k, exclude_seen=body.exclude_seen)[0]
+    return answer(body, result, artifact, (time.perf_counter() - start) * 1000, metrics)
+
+
+def recommend_batch(
+    body: BatchRequest, artifact: ArtifactDep, limits: LimitsDep, metrics: MetricsDep
+) -> BatchResponse:
+    """Several histories in one call; at most two onnxruntime runs (by exclude_seen)."""
+    start = time.perf_counter()
+    reqs = body.requests
+    errors: list[dict] = []
+    if len(reqs) > limits.max_batch:
+        errors.append({"type": "too_long", "loc": ("body", "requests"),
+                       "msg": f"batch has {len(reqs)} requests, at most {limits.max_batch} "
+                              "are accepted"})  # fmt: skip
+    else:
+        for i, req in enumerate(reqs):
+            errors += check_limits(req, limits, ("body", "requests", i))
+    if errors:
+        raise RequestValidationError(errors)
+    results: list[Result | None] = [None] * len(reqs)
+    for exclude in (True, False):
+        group = [i for i, r in enumerate(reqs) if r.exclude_seen is exclude]
+        if group:
+            k = max(reqs[i].k for i in group)
+            out = artifact.recommend([pairs(reqs[i]) for i in group], k=k, exclude_seen=exclude)
+            for i, res in zip(group, out, strict=True):
+                results[i] = res
+    ms = (time.perf_counter() - start) * 1000
+    return BatchResponse(
+        results=[answer(r, res, artifact, ms, metrics) for r, res in zip(reqs, results, strict=True) if res is not None],
+        model=artifact.model,
+        latency_ms=round(ms, 3),
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- service routes
+
+
+async def health() -> Health:
+    """Liveness: the process answers."""
+    return Health(status="ok")
+
+
+async def ready(request: Request) -> Response:
+    """Readiness: 200 once the model is loaded and warmed up, 503 before (and at shutdown)."""
+    if getattr(request.app.state, "ready", False):
+        body = Ready(status="ready", model=request.app.state.artifact.model)
+        return JSONResponse(body.model_dump())
+    return JSONResponse(Ready(status="loading").model_dump(), status_code=503)
+
+
+async def metadata(request: Request, artifact: ArtifactDep) -> Metadata:
+    """What is served: model, dataset, sizes, quantization, export checks, test metrics, limits."""
+    return request.app.state.metadata
+
+
+async def metrics_text(metrics: MetricsDep) -> Response:
+    """Prometheus text exposition of this app's registry."""
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def build_metadata(artifact: Artifact, settings: Settings, limits: Limits) -> Metadata:
+    m = artifact.meta
+    try:
+        return Metadata(
+            model=m["model"], hyperparameters=m.get("model_config", {}), dataset=m["dataset"],
+            dataset_stats=m.get("dataset_stats", {}), num_items=m["info"]["num_items"],
+            num_categories=m["info"]["num_categories"], time_slot_rule=artifact.slot_rule,
+            max_len=artifact.max_len, k_max=limits.k_max, quantization=m["quantization"],
+            opset=m["opset"],
+            sizes=Sizes(
+                model_bytes=(artifact.path / "model.onnx").stat().st_size,
+                metadata_bytes=(artifact.path / "metadata.json").stat().st_size,
+                formats={f: c["bytes"] for f, c in m.get("parity", {}).items() if "bytes" in c},
+            ),
+            sha256=m["sha256"], parity=m.get("parity", {}),
+            verification_problems=m.get("verification_problems", []),
+            test_metrics=m.get("test_metrics"), test_metrics_pytorch=m.get("test_metrics_pytorch"),
+            onnxruntime_version=m.get("onnxruntime_version", "unknown"), threads=settings.threads,
+            limits=limits,
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(
+            f"{artifact.path / 'metadata.json'}: unusable metadata ({exc})"
+        ) from None
+
+
+# ---------------------------------------------------------------- the app
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    t0 = time.perf_counter()
+    artifact = load_artifact(settings.artifact, settings.threads)  # ArtifactError stops startup
+    limits = app.state.limits.model_copy(update={"k_max": min(settings.max_k, artifact.k_max)})
+    app.state.artifact, app.state.limits = artifact, limits
+    app.state.metadata = build_metadata(artifact, settings, limits)
+    warm = artifact.warm_up()
+    app.state.ready = True
+    app.state.metrics.ready.set(1)
+    log.info(
+        "serving %s (%s, %s, %d bytes) from %s: loaded in %.0f ms, warm-up %.1f ms, k max %d",
+        artifact.model, app.state.metadata.dataset, app.state.metadata.quantization,
+        app.state.metadata.sizes.model_bytes, settings.artifact,
+        (time.perf_counter() - t0) * 1000, warm * 1000, limits.k_max,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        app.state.ready = False
+        app.state.metrics.ready.set(0)
+        app.state.artifact = None
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new app (own settings, own metrics registry); the model loads when its lifespan starts."""
+    settings = settings or Settings()  # type: ignore[call-arg]  # artifact comes from LSAN_ARTIFACT
+    app = FastAPI(
+        title="LSAN on-device recommender (simulated edge device)",
+        version="1",
+        lifespan=lifespan,
+        exception_handlers={
+            RequestValidationError: validation_error,
+            HTTPException: http_error,
+            Exception: internal_error,
+        },
+    )
+    app.state.settings, app.state.ready, app.state.metrics = settings, False, new_metrics()
+    app.state.limits = Limits(  # the lifespan lowers k_max to the artifact's top-K
+        k_max=settings.max_k, max_history=settings.max_history, max_batch=settings.max_batch,
+        max_body_bytes=settings.max_body_bytes,
+    )  # fmt: skip
+    app.add_api_route("/recommend", recommend, methods=["POST"], responses=ERRORS)
+    app.add_api_route("/recommend/batch", recommend_batch, methods=["POST"], responses=ERRORS)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/ready", ready, methods=["GET"], response_model=Ready,
+                      responses={503: {"model": Ready, "description": "not ready yet"}})  # fmt: skip
+    app.add_api_route("/metadata", metadata, methods=["GET"], responses={503: ERRORS[503]})
+    app.add_api_route("/metrics", metrics_text, methods=["GET"], response_class=Response,
+                      responses={200: {"content": {"text/plain": {}}}})  # fmt: skip
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: sees the 413s
+    return app
+
+
+def run_server(settings: Settings) -> None:
+    """Check the artifact (a clean ArtifactError before anything starts), then run uvicorn."""
+    load_artifact(settings.artifact, settings.threads)
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port, timeout_graceful_shutdown=5
+    )
+
+
+def serve(artifact: str, host: str = "127.0.0.1", port: int = 8000, threads: int = 1) -> None:
+    """`lsan serve`: run the server on `artifact`; raises ArtifactError if it is unusable.
+
+    Limits not given here (max k, history, batch, body size) come from LSAN_* variables.
+    """
+    run_server(Settings(artifact=Path(artifact), host=host, port=port, threads=threads))

@@ -1,0 +1,171 @@
+"""Request and response bodies of the HTTP server.
+
+Requests are strict (no "5" for 5, no 5.0 for an item id, no true for 1) and reject unknown
+fields, so a client's mistake is a 422 naming the field rather than a silently different request.
+Limits that depend on the settings or the artifact (history length, k, batch size) are checked by
+the routes, with the same error shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+INT64_MAX = 2**63 - 1
+MAX_TIMESTAMP = 253_402_300_799  # 9999-12-31T23:59:59Z: anything later is not a unix time
+
+
+class HistoryEntry(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    item_id: int = Field(ge=0, le=INT64_MAX, description="raw item id, as in the dataset")
+    timestamp: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_TIMESTAMP,
+        allow_inf_nan=False,
+        description="unix time in seconds (UTC); missing means the time slot is unknown",
+    )
+
+
+class RecommendRequest(BaseModel):
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "history": [
+                        {"item_id": 12, "timestamp": 1700000000},
+                        {"item_id": 40, "timestamp": 1700003600},
+                    ],
+                    "k": 10,
+                    "exclude_seen": True,
+                }
+            ]
+        },
+    )
+
+    history: list[HistoryEntry] = Field(
+        description="the user's interactions, oldest first; only the most recent max_len are used"
+    )
+    k: int = Field(10, ge=1, description="number of items to return (at most the server's k max)")
+    exclude_seen: bool = Field(True, description="never recommend an item of the history")
+
+    @field_validator("history")
+    @classmethod
+    def _one_timeline(cls, history: list[HistoryEntry]) -> list[HistoryEntry]:
+        """No entry twice, and timestamps never go backwards (a newest-first list is refused,
+        since truncation keeps the end of the list as the most recent)."""
+        seen: dict[tuple[int, float | None], int] = {}
+        last: tuple[int, float] | None = None
+        for pos, entry in enumerate(history):
+            key = (entry.item_id, entry.timestamp)
+            if key in seen:
+                raise PydanticCustomError(
+                    "duplicate_entry",
+                    "duplicate entry: item_id {item_id} with timestamp {timestamp} at positions "
+                    "{first} and {second}",
+                    {"item_id": entry.item_id, "timestamp": str(entry.timestamp),
+                     "first": seen[key], "second": pos},
+                )  # fmt: skip
+            seen[key] = pos
+            if entry.timestamp is not None:
+                if last is not None and entry.timestamp < last[1]:
+                    raise PydanticCustomError(
+                        "history_order",
+                        "history must be oldest first: timestamp at position {second} is earlier "
+                        "than at position {first}",
+                        {"first": last[0], "second": pos},
+                    )
+                last = (pos, entry.timestamp)
+        return history
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    requests: list[RecommendRequest] = Field(
+        min_length=1, description="several recommend bodies, answered in order"
+    )
+
+
+class Recommendation(BaseModel):
+    item_id: int = Field(description="raw item id")
+    score: float = Field(description="model score (0 for the popularity fallback)")
+    rank: int = Field(ge=1, description="1 = best")
+
+
+class RecommendResponse(BaseModel):
+    items: list[Recommendation]
+    model: str = Field(description="model name of the artifact")
+    unknown_items: list[int] = Field(description="raw ids of the history not in the catalogue")
+    latency_ms: float = Field(description="server-side time to answer (for a batch: the batch's)")
+    fallback: Literal["popular"] | None = Field(
+        description="why the answer is not personalised: 'popular' for an empty or all-unknown "
+        "history"
+    )
+
+
+class BatchResponse(BaseModel):
+    results: list[RecommendResponse]
+    model: str
+    latency_ms: float
+
+
+class ErrorDetail(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorResponse(BaseModel):
+    message: str = Field(description="what went wrong, in one line")
+    errors: list[ErrorDetail] | None = Field(None, description="one entry per invalid field")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready", "loading"]
+    model: str | None = None
+
+
+class Sizes(BaseModel):
+    model_bytes: int = Field(description="model.onnx as shipped")
+    metadata_bytes: int = Field(description="metadata.json")
+    formats: dict[str, int] = Field(description="bytes of every format measured at export")
+
+
+class Limits(BaseModel):
+    k_max: int
+    max_history: int
+    max_batch: int
+    max_body_bytes: int
+
+
+class Metadata(BaseModel):
+    model: str
+    hyperparameters: dict[str, Any] = Field(description="the model's configuration")
+    dataset: str
+    dataset_stats: dict[str, Any]
+    num_items: int
+    num_categories: int
+    time_slot_rule: str
+    max_len: int = Field(description="longest history the model reads (most recent kept)")
+    k_max: int = Field(description="largest k this server answers")
+    quantization: str
+    opset: int
+    sizes: Sizes
+    sha256: str
+    parity: dict[str, dict[str, Any]] = Field(description="export-time checks of every format")
+    verification_problems: list[str]
+    test_metrics: dict[str, float] | None = Field(description="the shipped artifact, onnxruntime")
+    test_metrics_pytorch: dict[str, float] | None
+    onnxruntime_version: str = Field(description="onnxruntime the artifact was exported with")
+    threads: int = Field(description="onnxruntime intra-op threads of this server")
+    limits: Limits

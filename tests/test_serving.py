@@ -1,0 +1,481 @@
+"""The HTTP server on a tiny trained artifact: routes, bad input, the real uvicorn process,
+schema fuzzing and a bounded load test with a flat-memory check."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
+
+from export.export import export
+from lsan.config import DataConfig, RunConfig, TrainConfig
+from lsan.models import model_config
+from lsan.train import train
+from serving.app import create_app, serve
+from serving.runtime import ArtifactError, load_artifact
+from serving.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+T0 = 1_700_000_000  # a unix time to build histories from
+
+
+@pytest.fixture(scope="module")
+def artifact(small_ds, tmp_path_factory) -> Path:
+    run = RunConfig(
+        data=DataConfig(dataset="synthetic", max_len=12),
+        model_name="lsan",
+        model=model_config("lsan", {"dim": 16, "m1": 0}),
+        train=TrainConfig(epochs=2, batch_size=64, device="cpu"),
+    )
+    ck = tmp_path_factory.mktemp("ck")
+    train(run, ck, progress=False, ds=small_ds)
+    out = tmp_path_factory.mktemp("artifacts") / "lsan"
+    # fp32 only: the server is format-agnostic and measuring every format would double the time
+    export(ck, out, quant="fp32", k=20, ds=small_ds, log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def meta(artifact) -> dict:
+    return json.loads((artifact / "metadata.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def catalogue(meta) -> list[int]:
+    return [int(r) for r in meta["raw_item_ids"][1:]]  # index 0 is padding
+
+
+@pytest.fixture(scope="module")
+def client(artifact):
+    with TestClient(create_app(Settings(artifact=artifact))) as c:
+        yield c
+
+
+def history(ids, times=True) -> list[dict]:
+    return [{"item_id": i, "timestamp": T0 + 3600 * n} if times else {"item_id": i}
+            for n, i in enumerate(ids)]  # fmt: skip
+
+
+def counter(text: str, name: str, **labels: str) -> float:
+    """Value of one Prometheus sample (0 when absent)."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
+# ---------------------------------------------------------------- routes
+
+
+def test_health_ready_metadata(client, artifact, meta):
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/ready").json() == {"status": "ready", "model": "lsan"}
+    r = client.get("/metadata")
+    assert r.status_code == 200 and len(r.content) < 10_000  # no id tables
+    got = r.json()
+    assert not {"raw_item_ids", "item_category", "popular_items", "checkpoint"} & set(got)
+    assert got["model"] == "lsan" and got["dataset"] == "synthetic"
+    assert got["max_len"] == 12 and got["k_max"] == 20 and got["quantization"] == "fp32"
+    assert got["sizes"]["model_bytes"] == (artifact / "model.onnx").stat().st_size
+    assert got["sizes"]["formats"] == {"fp32": meta["parity"]["fp32"]["bytes"]}
+    assert got["parity"]["fp32"]["top10_identical"] is True
+    assert got["test_metrics"] == meta["test_metrics"] and got["sha256"] == meta["sha256"]
+    assert got["limits"] == {"k_max": 20, "max_history": 1000, "max_batch": 64,
+                             "max_body_bytes": 1 << 20}  # fmt: skip
+
+
+def test_recommend_ranks_raw_ids_and_excludes_seen(client, catalogue):
+    seen = catalogue[5:20]
+    r = client.post("/recommend", json={"history": history(seen), "k": 7})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["model"] == "lsan" and body["fallback"] is None and body["unknown_items"] == []
+    assert [it["rank"] for it in body["items"]] == list(range(1, 8))
+    scores = [it["score"] for it in body["items"]]
+    assert scores == sorted(scores, reverse=True)
+    ids = [it["item_id"] for it in body["items"]]
+    assert set(ids) <= set(catalogue) and not set(ids) & set(seen) and len(set(ids)) == 7
+    assert body["latency_ms"] > 0
+    # the server adds nothing to the runtime's answer
+    direct = load_artifact(client.app.state.settings.artifact).recommend(
+        [[(e["item_id"], e["timestamp"]) for e in history(seen)]], k=7
+    )[0]
+    assert ids == [i for i, _ in direct.items]
+    assert scores == pytest.approx([s for _, s in direct.items], abs=1e-6)
+
+
+def test_most_recent_entries_are_used(client, catalogue):
+    long = history(catalogue[:40])  # max_len is 12: only the last 12 count
+    a = client.post("/recommend", json={"history": long, "exclude_seen": False}).json()
+    b = client.post("/recommend", json={"history": long[-12:], "exclude_seen": False}).json()
+    assert [i["item_id"] for i in a["items"]] == [i["item_id"] for i in b["items"]]
+
+
+def test_unknown_items_are_skipped_and_reported(client, catalogue):
+    unknown = [max(catalogue) + 1, 10**12]
+    h = history([catalogue[0], unknown[0], catalogue[1], unknown[1]])
+    body = client.post("/recommend", json={"history": h, "k": 5}).json()
+    assert body["unknown_items"] == unknown and body["fallback"] is None
+    known = client.post("/recommend", json={"history": [h[0], h[2]], "k": 5}).json()
+    assert [i["item_id"] for i in body["items"]] == [i["item_id"] for i in known["items"]]
+
+
+def test_empty_or_unknown_history_falls_back_to_popular(client, meta):
+    popular = [meta["raw_item_ids"][i] for i in meta["popular_items"][:5]]
+    for h, unknown in [([], []), (history([10**9, 10**9 + 1]), [10**9, 10**9 + 1])]:
+        body = client.post("/recommend", json={"history": h, "k": 5}).json()
+        assert body["fallback"] == "popular" and body["unknown_items"] == unknown
+        assert [i["item_id"] for i in body["items"]] == popular
+        assert [i["rank"] for i in body["items"]] == [1, 2, 3, 4, 5]
+
+
+def test_never_returns_seen_items_when_few_are_left(client, catalogue):
+    seen = catalogue[:-5]  # only 5 unseen items left for k=20
+    body = client.post("/recommend", json={"history": history(seen, times=False), "k": 20}).json()
+    ids = [i["item_id"] for i in body["items"]]
+    assert sorted(ids) == sorted(catalogue[-5:])
+
+
+def test_batch_matches_single_requests(client, catalogue):
+    # every personalised history reaches max_len (12), so each row is encoded with the same
+    # length alone or in the batch: the model's scores depend slightly on the padded length
+    reqs = [
+        {"history": history(catalogue[10:25]), "k": 3},
+        {"history": history(catalogue[30:42]), "k": 8, "exclude_seen": False},
+        {"history": []},
+        {"history": history([*catalogue[50:62], 10**9]), "k": 20},
+    ]
+    r = client.post("/recommend/batch", json={"requests": reqs})
+    assert r.status_code == 200
+    got = r.json()["results"]
+    assert [len(g["items"]) for g in got] == [3, 8, 10, 20]
+    for req, g in zip(reqs, got, strict=True):
+        single = client.post("/recommend", json=req).json()
+        assert [i["item_id"] for i in g["items"]] == [i["item_id"] for i in single["items"]]
+        assert [i["score"] for i in g["items"]] == pytest.approx(
+            [i["score"] for i in single["items"]], abs=1e-5
+        )
+        assert (g["fallback"], g["unknown_items"]) == (single["fallback"], single["unknown_items"])
+
+
+@given(data=st.data())
+@settings(max_examples=50, deadline=None, database=None)
+def test_any_valid_history_gets_a_sound_answer(client, catalogue, data):
+    """Property: known and unknown ids, with or without times, any k and exclusion."""
+    ids = data.draw(st.lists(st.sampled_from(catalogue) | st.integers(0, 10**6), max_size=30))
+    times = data.draw(
+        st.lists(st.none() | st.integers(0, 2 * T0), min_size=len(ids), max_size=len(ids))
+    )
+    stamps = iter(sorted(t for t in times if t is not None))  # oldest first
+    entries = {(i, None if t is None else next(stamps)) for i, t in zip(ids, times, strict=True)}
+    h = sorted(entries, key=lambda e: -1 if e[1] is None else e[1])  # no duplicates
+    k, exclude = data.draw(st.integers(1, 20)), data.draw(st.booleans())
+    body = {
+        "history": [{"item_id": i, "timestamp": t} for i, t in h],
+        "k": k,
+        "exclude_seen": exclude,
+    }
+    r = client.post("/recommend", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    items = [i["item_id"] for i in got["items"]]
+    known = {i for i, _ in h if i in set(catalogue)}
+    assert [i["rank"] for i in got["items"]] == list(range(1, len(items) + 1))
+    assert len(items) == min(k, len(catalogue) - (len(known) if exclude else 0))
+    assert len(set(items)) == len(items) and set(items) <= set(catalogue)
+    assert not (exclude and set(items) & known)
+    scores = [i["score"] for i in got["items"]]
+    assert scores == sorted(scores, reverse=True)
+    assert got["fallback"] == (None if known else "popular")
+    assert got["unknown_items"] == [i for i, _ in h if i not in known]
+
+
+def test_metrics_count_requests_by_route_and_status(client):
+    before = client.get("/metrics").text
+    client.post("/recommend", json={"history": []})
+    client.post("/recommend", json={"history": [], "k": 0})
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    name, ok = "lsan_http_requests_total", {"route": "/recommend", "method": "POST"}
+    for status in ("200", "422"):
+        assert counter(text, name, status=status, **ok) == counter(before, name, status=status, **ok) + 1  # fmt: skip
+    assert counter(text, "lsan_http_request_duration_seconds_count", route="/recommend") >= 2
+    assert counter(text, "lsan_recommendations_total", fallback="popular") >= 1
+    assert counter(text, "lsan_model_ready") == 1
+
+
+def test_apps_have_their_own_settings_and_registries(artifact, monkeypatch):
+    monkeypatch.setenv("LSAN_ARTIFACT", str(artifact))
+    monkeypatch.setenv("LSAN_MAX_K", "5")
+    monkeypatch.setenv("LSAN_THREADS", "2")
+    a, b = create_app(), create_app(Settings(artifact=artifact, max_k=500))
+    assert a.state.metrics.registry is not b.state.metrics.registry
+    with TestClient(a) as ca, TestClient(b) as cb:
+        assert (
+            ca.get("/metadata").json()["k_max"] == 5 and ca.get("/metadata").json()["threads"] == 2
+        )
+        assert cb.get("/metadata").json()["k_max"] == 20  # never above the artifact's top-K
+        assert ca.post("/recommend", json={"history": [], "k": 6}).status_code == 422
+        assert counter(cb.get("/metrics").text, "lsan_http_requests_total", route="/recommend") == 0
+
+
+def test_not_ready_before_the_lifespan(artifact):
+    c = TestClient(create_app(Settings(artifact=artifact)))  # no `with`: the model never loads
+    assert c.get("/health").status_code == 200
+    r = c.get("/ready")
+    assert r.status_code == 503 and r.json()["status"] == "loading"
+    r = c.post("/recommend", json={"history": []})
+    assert r.status_code == 503 and "not loaded" in r.json()["message"]
+
+
+def test_unexpected_error_is_json_500_without_traceback(artifact):
+    app = create_app(Settings(artifact=artifact))
+
+    def boom() -> None:
+        raise RuntimeError("secret internals")
+
+    app.add_api_route("/boom", boom)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.get("/boom")
+        assert r.status_code == 500 and r.json() == {"message": "internal server error"}
+        assert "secret" not in r.text and "Traceback" not in r.text
+        text = c.get("/metrics").text
+        assert counter(text, "lsan_http_exceptions_total", route="/boom") == 1
+        assert counter(text, "lsan_http_requests_total", route="/boom", status="500") == 1
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _json(body: str) -> dict:
+    return {"content": body.encode(), "headers": {"content-type": "application/json"}}
+
+
+OK = {"item_id": 2, "timestamp": T0}
+BAD = [
+    # (case, method, path, request kwargs, status, text in the message)
+    ("k as string", "post", "/recommend", {"json": {"history": [], "k": "10"}}, 422, "k"),
+    ("k zero", "post", "/recommend", {"json": {"history": [], "k": 0}}, 422, "k"),
+    ("k negative", "post", "/recommend", {"json": {"history": [], "k": -3}}, 422, "k"),
+    ("k float", "post", "/recommend", {"json": {"history": [], "k": 2.5}}, 422, "k"),
+    ("k bool", "post", "/recommend", {"json": {"history": [], "k": True}}, 422, "k"),
+    ("k above top-K", "post", "/recommend", {"json": {"history": [], "k": 21}}, 422, "at most 20"),
+    ("k huge", "post", "/recommend", {"json": {"history": [], "k": 10**30}}, 422, "at most 20"),
+    ("exclude_seen string", "post", "/recommend", {"json": {"history": [], "exclude_seen": "no"}}, 422, "exclude_seen"),
+    ("item_id string", "post", "/recommend", {"json": {"history": [{"item_id": "2"}]}}, 422, "history[0].item_id"),
+    ("item_id float", "post", "/recommend", {"json": {"history": [{"item_id": 2.0}]}}, 422, "integer"),
+    ("item_id fraction", "post", "/recommend", {"json": {"history": [{"item_id": 2.5}]}}, 422, "integer"),
+    ("item_id negative", "post", "/recommend", {"json": {"history": [{"item_id": -1}]}}, 422, "item_id"),
+    ("item_id beyond int64", "post", "/recommend", {"json": {"history": [{"item_id": 2**64}]}}, 422, "item_id"),
+    ("item_id missing", "post", "/recommend", {"json": {"history": [{"timestamp": T0}]}}, 422, "Field required"),
+    ("timestamp NaN", "post", "/recommend", _json('{"history": [{"item_id": 2, "timestamp": NaN}]}'), 422, "finite"),
+    ("timestamp Infinity", "post", "/recommend", _json('{"history": [{"item_id": 2, "timestamp": Infinity}]}'), 422, "finite"),
+    ("timestamp -Infinity", "post", "/recommend", _json('{"history": [{"item_id": 2, "timestamp": -Infinity}]}'), 422, "timestamp"),
+    ("k NaN", "post", "/recommend", _json('{"history": [], "k": NaN}'), 422, "k"),
+    ("timestamp negative", "post", "/recommend", {"json": {"history": [{"item_id": 2, "timestamp": -5}]}}, 422, "greater than or equal to 0"),
+    ("timestamp far future", "post", "/recommend", {"json": {"history": [{"item_id": 2, "timestamp": 1e20}]}}, 422, "timestamp"),
+    ("timestamp string", "post", "/recommend", {"json": {"history": [{"item_id": 2, "timestamp": "today"}]}}, 422, "timestamp"),
+    ("duplicate, no timestamps", "post", "/recommend", {"json": {"history": [{"item_id": 7}, {"item_id": 3}, {"item_id": 7}]}}, 422, "duplicate entry: item_id 7 with timestamp None at positions 0 and 2"),
+    ("duplicate, same timestamp", "post", "/recommend", {"json": {"history": [OK, OK]}}, 422, "duplicate entry: item_id 2"),
+    ("newest first", "post", "/recommend", {"json": {"history": [{"item_id": 2, "timestamp": T0}, {"item_id": 3, "timestamp": T0 - 1}]}}, 422, "oldest first"),
+    ("history too long", "post", "/recommend", {"json": {"history": [{"item_id": i} for i in range(1001)]}}, 422, "at most 1000"),
+    ("history not a list", "post", "/recommend", {"json": {"history": {"item_id": 2}}}, 422, "history"),
+    ("history missing", "post", "/recommend", {"json": {"k": 5}}, 422, "history: Field required"),
+    ("unknown field", "post", "/recommend", {"json": {"history": [], "topk": 5}}, 422, "topk"),
+    ("body a list", "post", "/recommend", {"json": [OK]}, 422, "body"),
+    ("empty body", "post", "/recommend", {}, 422, "body"),
+    ("not JSON content type", "post", "/recommend", {"content": b'{"history": []}', "headers": {"content-type": "text/plain"}}, 422, "body"),
+    ("malformed JSON", "post", "/recommend", _json('{"history": [{"item_id": 2}'), 400, "malformed JSON"),
+    ("lone surrogate key", "post", "/recommend", _json('{"history": [], "\\ud800": 1}'), 422, "invalid request"),
+    ("body too large", "post", "/recommend", _json(" " * (1 << 20) + "{}"), 413, "larger than 1048576 bytes"),
+    ("batch too large", "post", "/recommend/batch", {"json": {"requests": [{"history": []}] * 65}}, 422, "at most 64"),
+    ("batch empty", "post", "/recommend/batch", {"json": {"requests": []}}, 422, "requests"),
+    ("batch bad member", "post", "/recommend/batch", {"json": {"requests": [{"history": []}, {"history": [], "k": 0}]}}, 422, "requests[1].k"),
+    ("batch member over limit", "post", "/recommend/batch", {"json": {"requests": [{"history": [], "k": 50}]}}, 422, "requests[0].k: k must be at most 20"),
+    ("unknown route", "get", "/recommendations", {}, 404, "Not Found"),
+    ("wrong method", "get", "/recommend", {}, 405, "Method Not Allowed"),
+    ("wrong method on health", "post", "/health", {}, 405, "Method Not Allowed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "says"),
+    [case[1:] for case in BAD],
+    ids=[case[0] for case in BAD],
+)
+def test_client_mistakes_are_clear_4xx(client, method, path, kwargs, status, says):
+    r = client.request(method.upper(), path, **kwargs)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert says in r.json()["message"]
+
+
+# ---------------------------------------------------------------- schema fuzzing
+
+
+@pytest.fixture(scope="module")
+def api_schema(artifact):
+    # its own app: schemathesis runs the lifespan itself, once, in its own event loop
+    return schemathesis.openapi.from_asgi("/openapi.json", create_app(Settings(artifact=artifact)))
+
+
+# schemathesis' pytest integration (`parametrize`, `from_fixture`) fails under pytest 9.2
+# (`Function._nodeid`), so its Python API drives Hypothesis directly.
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+@pytest.mark.parametrize("path", ["/recommend", "/recommend/batch"])
+def test_fuzzed_requests_never_get_a_5xx(api_schema, path, mode):
+    checks = [not_a_server_error, response_schema_conformance, status_code_conformance]
+
+    @given(case=api_schema[path]["POST"].as_strategy(generation_mode=mode))
+    @settings(max_examples=50, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    def check(case):
+        response = case.call()
+        case.validate_response(response, checks=checks)
+        assert response.status_code < 500
+        if response.status_code >= 400:
+            assert response.json()["message"]
+
+    check()
+
+
+# ---------------------------------------------------------------- the real server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def start(artifact: Path | str, log: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "LSAN_ARTIFACT": str(artifact)}
+    with open(log, "wb") as out:  # a file, not a pipe: a full pipe would block the server
+        return subprocess.Popen(
+            [sys.executable, "-m", "serving", *args], cwd=REPO, env=env, stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(artifact, tmp_path_factory):
+    port, log = free_port(), tmp_path_factory.mktemp("server") / "server.log"
+    proc = start(artifact, log, "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"server not ready in time:\n{log.read_text()}")
+        time.sleep(0.1)
+    yield url, proc
+    proc.terminate()
+    # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status shows it
+    assert proc.wait(timeout=15) in (0, -signal.SIGTERM), log.read_text()
+    assert "Application shutdown complete" in log.read_text()
+
+
+def test_real_server_over_http(server, catalogue):
+    url, _ = server
+    with httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        body = c.post("/recommend", json={"history": history(catalogue[:5]), "k": 4}).json()
+        assert [i["rank"] for i in body["items"]] == [1, 2, 3, 4]
+        assert c.get("/metadata").json()["model"] == "lsan"
+        r = c.post(
+            "/recommend", content=b'{"history": [', headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 400 and "malformed JSON" in r.json()["message"]
+        # a streamed body has no Content-Length: the limit counts the bytes as they arrive
+        chunks = (b" " * 65536 for _ in range(20))
+        r = c.post("/recommend", content=chunks, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "larger than" in r.json()["message"]
+        assert "lsan_http_requests_total" in c.get("/metrics").text
+
+
+def test_bounded_load_has_no_errors_and_flat_memory(server, catalogue):
+    url, proc = server
+    rng = random.Random(0)
+    bodies = [
+        {"history": history(rng.sample(catalogue, rng.randint(0, 40))), "k": rng.randint(1, 20)}
+        for _ in range(50)
+    ]
+
+    def fire(n: int) -> list[int]:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            codes = []
+            for i in range(n):
+                try:
+                    codes.append(c.post("/recommend", json=bodies[i % len(bodies)]).status_code)
+                except httpx.HTTPError:
+                    codes.append(-1)
+            return codes
+
+    def load(total: int, threads: int = 4) -> list[int]:
+        with ThreadPoolExecutor(threads) as pool:
+            return [c for codes in pool.map(fire, [total // threads] * threads) for c in codes]
+
+    assert set(load(100)) == {200}  # warm-up: thread pool and allocator at steady state
+    before = rss_kb(proc.pid)
+    started = time.perf_counter()
+    codes = load(300)
+    elapsed = time.perf_counter() - started
+    after = rss_kb(proc.pid)
+    assert codes.count(200) == 300, {c: codes.count(c) for c in set(codes)}
+    assert after - before < 20 * 1024, f"RSS grew {before} -> {after} kB under load"
+    text = httpx.get(f"{url}/metrics").text
+    ok = counter(text, "lsan_http_requests_total", route="/recommend", method="POST", status="200")
+    assert ok >= 400 and elapsed < 60
+
+
+def test_tampered_artifact_stops_startup(artifact, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(artifact, bad)
+    data = bytearray((bad / "model.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (bad / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="checksum mismatch"):
+        serve(str(bad), port=free_port())
+    with pytest.raises(ArtifactError, match="not an artifact directory"):
+        serve(str(tmp_path / "missing"), port=free_port())
+    log = tmp_path / "server.log"
+    proc = start(bad, log, "--port", str(free_port()))
+    assert proc.wait(timeout=60) != 0
+    out = log.read_text().strip()
+    assert out.startswith("error: ") and "checksum mismatch" in out, out
+    assert "Traceback" not in out and len(out.splitlines()) == 1, out
