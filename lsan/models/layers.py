@@ -207,7 +207,7 @@ class CompositionalEmbedding(nn.Module):
         )
         return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
 
-    def grid_scores(self, h: torch.Tensor) -> torch.Tensor:
+    def grid_scores(self, h: torch.Tensor, mask_beyond: bool = True) -> torch.Tensor:
         """(P, D) -> (P, M) scores over every code tuple (M = prod m_n >= |V|+1).
 
         Ids v are laid out in row-major order over the grid (m_N, ..., m_1), so table n's row
@@ -231,7 +231,7 @@ class CompositionalEmbedding(nn.Module):
                 part = part * weights[n].view(1, *grid)
             total = part if total is None else total + part
         assert total is not None
-        if self.item_bias is None and pad:
+        if self.item_bias is None and pad and mask_beyond:
             total = total + F.pad(
                 torch.zeros(self.num_ids, device=h.device), (0, pad), value=NEG
             ).view(1, *grid)
@@ -240,9 +240,9 @@ class CompositionalEmbedding(nn.Module):
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., |V|+1) factorised scores of every item."""
         lead = h.shape[:-1]
-        return self.grid_scores(h.reshape(-1, h.shape[-1]))[:, : self.num_ids].reshape(
-            *lead, self.num_ids
-        )
+        # the slice drops ids past the catalogue, so they need no mask (and no |V| constant in ONNX)
+        flat = self.grid_scores(h.reshape(-1, h.shape[-1]), mask_beyond=False)
+        return flat[:, : self.num_ids].reshape(*lead, self.num_ids)
 
     def matrix(self) -> torch.Tensor:
         """The explicit (|V|+1, D) output matrix; for tests and analysis only (never on a hot path)."""

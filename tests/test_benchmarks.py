@@ -1,0 +1,152 @@
+"""The benchmark suite end to end in quick mode on tiny checkpoints, plus its pure parts."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks import bound, report
+from benchmarks.latency import request_feeds
+from benchmarks.run import SECTIONS, main
+from lsan.config import DataConfig, RunConfig, TrainConfig
+from lsan.models import DataInfo, build_model, model_config
+from lsan.train import train
+
+KINDS = {"sasrec": {"dim": 16, "layers": 1}, "lsan": {"dim": 16, "m1": 0}}
+
+
+@pytest.fixture(scope="module")
+def suite(small_ds, tmp_path_factory):
+    ckpts = []
+    for name, cfg in KINDS.items():
+        run = RunConfig(
+            data=DataConfig(dataset="synthetic", max_len=12),
+            model_name=name,
+            model=model_config(name, cfg),
+            train=TrainConfig(epochs=1, batch_size=64, device="cpu"),
+        )
+        path = tmp_path_factory.mktemp("ckpt") / name
+        train(run, path, progress=False, ds=small_ds)
+        ckpts.append(str(path))
+    out = tmp_path_factory.mktemp("results")
+    argv = ["--checkpoints", *ckpts, "--name", "ci", "--out", str(out), "--quick",
+            "--formats", "fp32,int8", "--batches", "1,8", "--repeats", "8", "--warmup", "1",
+            "--budget", "0.2", "--scaling-sizes", "2000,5000", "--quiet"]  # fmt: skip
+    assert main(argv, ds=small_ds) == 0
+    return out, json.loads((out / "ci.json").read_text())
+
+
+def test_every_section_is_written(suite):
+    out, res = suite
+    assert set(SECTIONS) <= set(res) and res["targets"]
+    env = res["env"]
+    assert "benchmarks.run" in env["command"] and "commit" in env and env["utc"]
+    assert {"torch", "onnxruntime", "onnx", "numpy", "python"} <= set(env["versions"])
+    assert env["machine"]["cores"] >= 1 and env["machine"]["cpu"]
+    for f in ("ci.md", "ci-frontier.png", "ci-latency.png", "ci-scaling.png"):
+        assert (out / f).stat().st_size > 0
+    md = (out / "ci.md").read_text()
+    assert "## Targets" in md and ("PASS" in md or "MISS" in md)
+
+
+def test_sizes(suite):
+    _, res = suite
+    size = {(r["model"], r["format"]): r for r in res["size"]}
+    assert set(size) == {(m, f) for m in KINDS for f in ("fp32", "int8")}
+    for r in size.values():
+        assert r["model_bytes"] > 0 and r["artifact_bytes"] > r["model_bytes"]
+        assert 0 < r["item_weights"] < r["weights"] and r["theoretical_bytes"] > 0
+    assert size["sasrec", "int8"]["model_bytes"] < size["sasrec", "fp32"]["model_bytes"]
+    # the compositional tables hold far fewer item-side weights than a full table
+    assert size["lsan", "fp32"]["item_weights"] < size["sasrec", "fp32"]["item_weights"]
+
+
+def test_latency_and_bound(suite):
+    _, res = suite
+    lat = res["latency"]
+    assert {r["engine"] for r in lat} == {"onnxruntime", "runtime", "torch"}
+    assert {r["length"] for r in lat} == {10, 12} and {r["batch"] for r in lat} == {1, 8}
+    for r in lat:
+        assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] and r["throughput_rps"] > 0
+        assert r["threads"] == (1 if r["batch"] == 1 else res["env"]["machine"]["cores"])
+    rows = res["bound"]["rows"]
+    assert len(rows) == 2 * len(res["size"])  # every artifact at both history lengths
+    for r in rows:
+        assert r["flops"] > 0 and r["bytes"] > 0
+        assert 0 < r["bound_ms"] <= r["measured_p50_ms"] and r["gap"] >= 1
+
+
+def test_memory(suite):
+    _, res = suite
+    mem = res["memory"]
+    assert mem["baseline_mib"] > 0 and len(mem["rows"]) == len(res["size"])
+    for r in mem["rows"]:
+        assert r["peak_rss_mib"] > mem["baseline_mib"] and r["torch_imported"] is False
+
+
+def test_frontier_has_the_metrics_of_each_artifact(suite):
+    _, res = suite
+    for r in res["frontier"]:
+        assert 0 < r["ndcg10"] < 1 and r["model_bytes"] > 0
+        assert r["ndcg10"] == pytest.approx(r["ndcg10_pytorch"], rel=0.05, abs=0.005)
+
+
+def test_scaling(suite):
+    _, res = suite
+    rows = [r for r in res["scaling"] if "skipped" not in r]
+    assert {r["num_items"] for r in rows} == {2000, 5000}
+    assert {r["arch"].split()[0] for r in rows} == {"sasrec", "lsan"}
+    for r in rows:
+        assert r["bytes"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] and r["bound_ms"] > 0
+
+    def item_bytes(arch, v):
+        return next(r["item_weights"] for r in rows if r["arch"].startswith(arch)
+                    and r["num_items"] == v and r["format"] == "fp32")  # fmt: skip
+
+    # a full table grows linearly with |V|; the balanced tables' D-wide part does not
+    assert item_bytes("sasrec", 5000) / item_bytes("sasrec", 2000) == pytest.approx(2.5, rel=0.01)
+    assert item_bytes("lsan", 5000) / item_bytes("lsan", 2000) < 2.5
+
+
+def test_report_rerenders_from_json(suite, tmp_path):
+    out, res = suite
+    (tmp_path / "again.json").write_text(json.dumps(res))
+    assert report.main([str(tmp_path / "again.json")]) == 0
+    assert (tmp_path / "again.md").read_text().startswith("# Benchmarks: again")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_START}\nold\n{report.README_END}\nrest\n")
+    report.main([str(tmp_path / "again.json"), "--readme", str(readme)])
+    text = readme.read_text()
+    assert "old" not in text and "| model" in text and text.endswith(f"{report.README_END}\nrest\n")
+
+
+@pytest.mark.parametrize("name,cfg", [("sasrec", {"dim": 16, "layers": 2}),
+                                      ("lsan", {"dim": 16, "m1": 0}), ("lsan", {"dim": 16, "m1": 2, "item_weights": True}),
+                                      ("lsan_full", {"dim": 16})])  # fmt: skip
+def test_flop_formula_matches_pytorch_counter(name, cfg):
+    """The config formula counts what torch's FlopCounter counts, plus LSAN's element-wise
+    fusion mix and grid scoring (which the counter ignores)."""
+    info = DataInfo(num_items=500, num_categories=6, num_slots=9, max_len=20)
+    model = build_model(name, cfg, info).eval()
+    x = [torch.from_numpy(v) for v in list(request_feeds(info, 1, 20).values())[:3]]
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.score_all(*x)
+    counted = counter.get_total_flops()
+    formula = bound.request_flops(model, info, 20)
+    extra = 0
+    if name.startswith("lsan"):
+        n = 1 if model.cfg.full_table else model.cfg.tables
+        extra = 2 * 20 * n * 16  # the softmax-weighted mix of the base vectors
+        if model.items is not None:
+            per_cell = 2 * n if model.cfg.item_weights else n
+            extra += per_cell * math.prod(model.items.sizes)
+    assert formula == counted + extra
+
+
+def test_bad_flags_are_one_error_line(tmp_path, capsys):
+    assert main(["--checkpoints", str(tmp_path), "--name", "x", "--skip", "speed"]) == 2
+    assert "unknown section speed" in capsys.readouterr().err
+    assert main(["--checkpoints", str(tmp_path / "none"), "--name", "x", "--quick"]) == 2
+    assert "not a checkpoint" in capsys.readouterr().err
