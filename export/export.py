@@ -117,7 +117,7 @@ def convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.ndar
     if fmt == "fp32":
         shutil.copyfile(fp32, out)
     elif fmt == "fp16":
-        onnx.save(half_weights(onnx.load(str(fp32))), str(out))
+        onnx.save(compact_weights(onnx.load(str(fp32)), "fp16"), str(out))
     elif fmt == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -125,6 +125,7 @@ def convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.ndar
             str(fp32), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm", "Gather"],
             extra_options={"MatMulConstBOnly": True},
         )  # fmt: skip
+        onnx.save(compact_weights(onnx.load(str(out)), "uint8", min_elements=1024), str(out))
     elif fmt == "int8-static":
         from onnxruntime.quantization import (
             CalibrationDataReader,
@@ -145,35 +146,55 @@ def convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.ndar
             weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm", "Gather"],
             extra_options={"MatMulConstBOnly": True},
         )  # fmt: skip
+        onnx.save(compact_weights(onnx.load(str(out)), "uint8", min_elements=1024), str(out))
     else:
         raise ExportError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
-def half_weights(model: onnx.ModelProto, min_elements: int = 256) -> onnx.ModelProto:
-    """Store large float32 initializers as float16, each followed by a Cast back to float32.
+def compact_weights(model: onnx.ModelProto, kind: str, min_elements: int = 256) -> onnx.ModelProto:
+    """Store the large float32 initializers that are left in fp16 or uint8, decoded at load.
 
-    Halves the bytes on disk and in transit while every op still computes in fp32 (onnxruntime
-    folds the Casts once at load). onnxconverter-common's full fp16 conversion produced graphs
-    onnxruntime rejects (a Cast type mismatch) or never finished on these dynamo exports.
+    fp16: each becomes float16 followed by a Cast to float32. uint8: asymmetric per-tensor
+    quantization (scale = range / 255) followed by DequantizeLinear; this reaches tensors the
+    onnxruntime quantizers leave in fp32 because they feed element-wise ops (LSAN's per-item
+    output weights and bias, layer norms). Every op still computes in fp32, and onnxruntime folds
+    the decoding once when the session loads, so only bytes on disk and in transit shrink.
+    (onnxconverter-common's full fp16 conversion produced graphs onnxruntime rejects, a Cast type
+    mismatch, or never finished on these dynamo exports.)
     """
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    kept, casts = [], []
+    kept, decoders = [], []
     for init in graph.initializer:
         if init.data_type != onnx.TensorProto.FLOAT or np.prod(init.dims) < min_elements:
             kept.append(init)
             continue
-        half = numpy_helper.from_array(
-            numpy_helper.to_array(init).astype(np.float16), init.name + "_fp16"
-        )
-        kept.append(half)
-        casts.append(helper.make_node("Cast", [half.name], [init.name], to=onnx.TensorProto.FLOAT))
+        x = numpy_helper.to_array(init)
+        if kind == "fp16":
+            half = np.clip(x, -65504, 65504).astype(
+                np.float16
+            )  # "minus infinity" masks stay finite
+            kept.append(numpy_helper.from_array(half, init.name + "_fp16"))
+            decoders.append(
+                helper.make_node(
+                    "Cast", [init.name + "_fp16"], [init.name], to=onnx.TensorProto.FLOAT
+                )
+            )
+            continue
+        lo, hi = float(min(x.min(), 0.0)), float(max(x.max(), 0.0))  # zero stays exact
+        scale = max((hi - lo) / 255.0, 1e-12)
+        zero = int(np.clip(round(-lo / scale), 0, 255))
+        q = np.clip(np.round(x / scale) + zero, 0, 255).astype(np.uint8)
+        names = [init.name + "_u8", init.name + "_scale", init.name + "_zero"]
+        kept += [numpy_helper.from_array(q, names[0]), numpy_helper.from_array(np.float32(scale), names[1]),
+                 numpy_helper.from_array(np.uint8(zero), names[2])]  # fmt: skip
+        decoders.append(helper.make_node("DequantizeLinear", names, [init.name]))
     del graph.initializer[:]
     graph.initializer.extend(kept)
     nodes = list(graph.node)
     del graph.node[:]
-    graph.node.extend(casts + nodes)
+    graph.node.extend(decoders + nodes)
     return model
 
 

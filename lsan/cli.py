@@ -193,6 +193,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     table = markdown_table(rows, columns)
     print(f"\n{args.dataset}: test split, leave-one-out, full ranking, seen items masked\n{table}")
     (out / "results.md").write_text(table + "\n")
+    neural = [out / r["model"] for r in rows if r["model"] != "pop"]
+    if not args.no_bench and neural:
+        from benchmarks.run import main as bench_main
+
+        print("== quick benchmark (size, memory, latency, catalogue scaling)", flush=True)
+        argv = ["--checkpoints", *map(str, neural), "--name", "demo", "--quick", "--out", str(out / "bench"),
+                "--data-dir", args.data_dir]  # fmt: skip
+        if bench_main([*argv, "--quiet"]) != 0:
+            return 1
+        print((out / "bench" / "demo.md").read_text())
     return 0
 
 
@@ -294,6 +304,7 @@ def parser() -> argparse.ArgumentParser:
     de.add_argument(
         "--no-export", action="store_true", help="stop after training (no ONNX artifacts)"
     )
+    de.add_argument("--no-bench", action="store_true", help="skip the quick benchmark")
     de.add_argument("--out", default="runs/demo")
     de.add_argument("--device", default="")
     de.add_argument("--data-dir", default="")

@@ -45,7 +45,19 @@ def test_train_then_evaluate_matches_metrics(tmp_path, capsys):
 
 def test_demo_prints_side_by_side_table(tmp_path, capsys):
     assert (
-        main(["demo", "--epochs", "1", "--quiet", "--out", str(tmp_path), "--set", "model.dim=16"])
+        main(
+            [
+                "demo",
+                "--epochs",
+                "1",
+                "--quiet",
+                "--no-bench",
+                "--out",
+                str(tmp_path),
+                "--set",
+                "model.dim=16",
+            ]
+        )
         == 0
     )
     out = capsys.readouterr().out

@@ -219,7 +219,9 @@ class CompositionalEmbedding(nn.Module):
         pad = math.prod(self.sizes) - self.num_ids
         total = None
         if self.item_bias is not None:
-            total = F.pad(self.item_bias, (0, pad), value=NEG).view(1, *grid)
+            total = F.pad(self.item_bias, (0, pad), value=NEG if mask_beyond else 0.0).view(
+                1, *grid
+            )
         weights = F.pad(self.item_weights.T, (0, pad)) if self.item_weights is not None else None
         for n, t in enumerate(self.tables):
             shape = [p] + [1] * n_tables

@@ -114,7 +114,9 @@ class LSANConfig:
     tables: int = 2  # N base tables; 1 with full_table is the plain |V| x D table
     m1: int = 2  # rows of the first table (paper's compression knob); 0 = balanced tables
     full_table: bool = False  # LSAN_full.emb: one |V| x D table instead of the composition
-    item_weights: bool = True  # per-item output weights + bias (N+1 numbers/item); off collapses accuracy
+    item_weights: bool = (
+        True  # per-item output weights + bias (N+1 numbers/item); off collapses accuracy
+    )
     use_category: bool = True  # category context (item t-1 and item t) in fusion and injection
     use_time: bool = True  # time-slot context (the paper's temporal ablation turns this off)
     heads: int = 2  # heads per branch (H self-attention + H convolution)
