@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -44,6 +43,7 @@ from lsan.checkpoint import CheckpointError, load_model
 from lsan.data.batching import eval_tensors, history_pairs
 from lsan.data.prepare import SeqDataset, load_dataset
 from lsan.data.readers import DataError
+from lsan.digest import file_digest
 from lsan.evaluate import rank_users
 from lsan.metrics import all_metrics
 from lsan.models import DataInfo
@@ -187,8 +187,8 @@ def compact_weights(model: onnx.ModelProto, kind: str, min_elements: int = 256) 
         zero = int(np.clip(round(-lo / scale), 0, 255))
         q = np.clip(np.round(x / scale) + zero, 0, 255).astype(np.uint8)
         names = [init.name + "_u8", init.name + "_scale", init.name + "_zero"]
-        kept += [numpy_helper.from_array(q, names[0]), numpy_helper.from_array(np.float32(scale), names[1]),
-                 numpy_helper.from_array(np.uint8(zero), names[2])]  # fmt: skip
+        kept += [numpy_helper.from_array(q, names[0]), numpy_helper.from_array(np.array(scale, dtype=np.float32), names[1]),
+                 numpy_helper.from_array(np.array(zero, dtype=np.uint8), names[2])]  # fmt: skip
         decoders.append(helper.make_node("DequantizeLinear", names, [init.name]))
     del graph.initializer[:]
     graph.initializer.extend(kept)
@@ -291,14 +291,6 @@ def quantized_ops(path: Path) -> dict[str, int]:
     return ops
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------- the export
 
 
@@ -382,7 +374,7 @@ def export(
         shutil.copyfile(tmp / f"{chosen}.onnx", final / "model.onnx")
         meta = metadata(run, info, dataset, chosen, candidates, torch_test, k, problems, ckpt)
         embed_metadata(final / "model.onnx", meta)
-        meta["sha256"] = sha256(final / "model.onnx")
+        meta["sha256"] = file_digest(final / "model.onnx")
         meta["bytes"] = (final / "model.onnx").stat().st_size
         (final / "metadata.json").write_text(json.dumps(meta, indent=2))
         if out.exists():

@@ -8,7 +8,6 @@ left-pads, and runs one onnxruntime session (safe to call from many threads at o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from lsan.data.slots import NUM_SLOTS, PAD, UNKNOWN, time_slots
+from lsan.digest import file_digest
 
 NEG = -1e9  # the graph's score for excluded and padding items (lsan.models.layers.NEG)
 
@@ -32,14 +32,6 @@ class Result:
     items: list[tuple[int, float]]  # (raw item id, score), best first
     unknown_items: list[int] = field(default_factory=list)  # raw ids not in the catalogue, skipped
     fallback: str | None = None  # why the answer is not personalised (e.g. "popular")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Artifact:
@@ -152,7 +144,7 @@ def load_artifact(path: str | Path, threads: int = 1) -> Artifact:
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{meta_path} is not valid JSON: {exc}") from None
     want = meta.get("sha256")
-    if not want or _sha256(model_path) != want:
+    if not want or file_digest(model_path) != want:
         raise ArtifactError(
             f"{model_path}: checksum mismatch with metadata.json (file changed or corrupt)"
         )

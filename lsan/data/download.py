@@ -7,7 +7,6 @@ matches, and files are extracted into a temporary folder that is renamed into pl
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 import urllib.error
@@ -19,6 +18,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from lsan.data.readers import DataError
+from lsan.digest import file_digest
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,6 @@ DOWNLOADS = {
         ("ratings.dat", "movies.dat"),
     ),
 }
-
-
-def _md5(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch(url: str, dest: Path, progress: bool = True, timeout: float = 60.0) -> Path:
@@ -103,7 +95,7 @@ def download(
     zpath = data_dir / f"{spec.folder}.zip"
     if not zpath.exists():
         fetch(url or spec.url, zpath, progress)
-    got, want = _md5(zpath), (md5 or spec.md5)
+    got, want = file_digest(zpath, "md5"), (md5 or spec.md5)
     if got != want:
         zpath.unlink()
         raise DataError(

@@ -31,6 +31,7 @@ from lsan.data.readers import REAL_DATASETS, DataError, RawData, read_dataset
 from lsan.data.slots import NUM_SLOTS, UNKNOWN, time_slots
 from lsan.data.slots import PAD as PAD  # re-exported: the padding id of items, categories, slots
 from lsan.data.synthetic import SyntheticConfig, generate
+from lsan.digest import file_digest
 
 PREP_VERSION = 2  # bump when preparation changes, to invalidate caches
 DATASETS = (*REAL_DATASETS, "synthetic")
@@ -185,14 +186,6 @@ def cache_root(cache_dir: str = "") -> Path:
     return Path(cache_dir or os.environ.get("LSAN_CACHE_DIR", "") or default).expanduser()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 _ARRAYS = (
     "offsets", "items", "slots", "timestamps", "item_category",
     "attr_offsets", "attr_values", "raw_user_ids", "raw_item_ids",
@@ -228,7 +221,7 @@ def load_dataset(
         raw = None
     else:
         raw = read_dataset(name, data_root(data_dir))
-        hashes = [f"{p.name}:{_sha256(p)}" for p in raw.files]
+        hashes = [f"{p.name}:{file_digest(p)}" for p in raw.files]
         key_src = f"{PREP_VERSION}|{name}|{min_count}|{'|'.join(hashes)}"
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     path = cache_root(cache_dir) / f"{name}-{key}.npz"

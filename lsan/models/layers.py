@@ -107,6 +107,20 @@ class TransformerBlock(nn.Module):
         return x, w
 
 
+def apply_blocks(
+    blocks: nn.ModuleList, x: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor,
+    return_weights: bool = False, **extra: torch.Tensor,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+    """Run the blocks, re-zeroing padding positions after each; collect attention weights."""
+    weights = []
+    for block in blocks:
+        x, w = block(x, mask, return_weights, **extra)
+        x = x * keep
+        if w is not None:
+            weights.append(w)
+    return x, weights
+
+
 def init_weights(module: nn.Module, std: float) -> None:
     """N(0, std) for linear and embedding weights, zero biases, unit layer norms.
 

@@ -39,6 +39,7 @@ from lsan.models.layers import (
     CausalDepthwiseConv,
     CompositionalEmbedding,
     FeedForward,
+    apply_blocks,
     attention_mask,
     init_weights,
     next_item_loss,
@@ -140,7 +141,7 @@ class TwinBlock(nn.Module):
         self.ffn = FeedForward(cfg.dim, cfg.dim, cfg.dropout)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, pos, mask, return_weights=False):
+    def forward(self, x, mask, return_weights=False, pos=None):
         a, w = self.twin(self.ln1(x), pos, mask, return_weights)
         x = x + self.drop(a)
         return x + self.drop(self.ffn(self.ln2(x))), w
@@ -186,12 +187,7 @@ class LSAN(nn.Module):
         pos = self.pos_emb(positions)[None] * keep  # (B, T, D)
         x = self.drop(self.embed(items, cats, slots)) * keep
         mask = attention_mask(items, self.cfg.attention, self.cfg.window)
-        weights = []
-        for block in self.blocks:
-            x, w = block(x, pos, mask, return_weights)
-            x = x * keep
-            if w is not None:
-                weights.append(w)
+        x, weights = apply_blocks(self.blocks, x, keep, mask, return_weights, pos=pos)
         h = self.ln(x)
         return (h, weights) if return_weights else h
 

@@ -20,6 +20,7 @@ from lsan.models.layers import (
     NEG,
     PAD,
     TransformerBlock,
+    apply_blocks,
     attention_mask,
     init_weights,
     next_item_loss,
@@ -65,12 +66,7 @@ class SASRec(nn.Module):
         keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
         x = self.drop(self.item_emb(items) + self.pos_emb(pos)[None]) * keep  # (B, T, D)
         mask = attention_mask(items, self.cfg.attention, self.cfg.window)
-        weights = []
-        for block in self.blocks:
-            x, w = block(x, mask, return_weights)
-            x = x * keep
-            if w is not None:
-                weights.append(w)
+        x, weights = apply_blocks(self.blocks, x, keep, mask, return_weights)
         h = self.ln(x)
         return (h, weights) if return_weights else h
 
