@@ -41,6 +41,11 @@ def test_train_then_evaluate_matches_metrics(tmp_path, capsys):
         main(["evaluate", str(out), "--split", "valid", "--no-mask-seen", "--device", "cpu"]) == 0
     )
     assert "mask_seen=False" in capsys.readouterr().out
+    argv = ["report", str(out), str(tmp_path / "missing"), "--name", "r", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    (row,) = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert row["NDCG@10"] == saved["test"]["NDCG@10"] and row["command"].startswith("lsan train")
+    assert "| ck " in (tmp_path / "r.md").read_text()
 
 
 def test_demo_prints_side_by_side_table(tmp_path, capsys):
