@@ -46,7 +46,7 @@ def collect(checkpoints: list[Path], reference: str = "sasrec") -> list[dict[str
             **metrics["test"],
             "valid_NDCG@10": metrics["valid"]["NDCG@10"],
             "params": metrics["parameters"],
-            "model bytes": metrics.get("model_bytes", 0),
+            "model bytes": metrics.get("model_bytes") or (ckpt / "model.pt").stat().st_size,
             "s/epoch": metrics["seconds_per_epoch"],
             "epochs": metrics["epochs"],
             "best_epoch": metrics["best_epoch"],
