@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     columns = ["model", *METRIC_COLUMNS, "params", "s/epoch"]
     if not args.no_export:
         from export.export import export
+
+        logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization's advice on stderr
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
         columns += ["artifact", "artifact bytes", "artifact NDCG@10", "p50 ms"]
         for row in rows:
