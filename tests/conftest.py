@@ -30,3 +30,19 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "ml-100k" / "u.data").is_file():
         pytest.skip(f"real datasets not found in {SHARED_DATA} (set LSAN_TEST_DATA_DIR)")
     return SHARED_DATA
+
+
+def train_tiny(name: str, model: dict, ds: SeqDataset, out: Path, epochs: int = 2) -> Path:
+    """Train a tiny checkpoint of model `name` on `ds` (max_len 12, CPU) into `out`."""
+    from lsan.config import DataConfig, RunConfig, TrainConfig
+    from lsan.models import model_config
+    from lsan.train import train
+
+    run = RunConfig(
+        data=DataConfig(dataset="synthetic", max_len=12),
+        model_name=name,
+        model=model_config(name, model),
+        train=TrainConfig(epochs=epochs, batch_size=64, device="cpu"),
+    )
+    train(run, out, progress=False, ds=ds)
+    return out

@@ -5,14 +5,13 @@ import math
 
 import pytest
 import torch
+from conftest import train_tiny
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import bound, report
 from benchmarks.latency import request_feeds
 from benchmarks.run import SECTIONS, main
-from lsan.config import DataConfig, RunConfig, TrainConfig
-from lsan.models import DataInfo, build_model, model_config
-from lsan.train import train
+from lsan.models import DataInfo, build_model
 
 KINDS = {"sasrec": {"dim": 16, "layers": 1}, "lsan": {"dim": 16, "m1": 0}}
 
@@ -21,14 +20,7 @@ KINDS = {"sasrec": {"dim": 16, "layers": 1}, "lsan": {"dim": 16, "m1": 0}}
 def suite(small_ds, tmp_path_factory):
     ckpts = []
     for name, cfg in KINDS.items():
-        run = RunConfig(
-            data=DataConfig(dataset="synthetic", max_len=12),
-            model_name=name,
-            model=model_config(name, cfg),
-            train=TrainConfig(epochs=1, batch_size=64, device="cpu"),
-        )
-        path = tmp_path_factory.mktemp("ckpt") / name
-        train(run, path, progress=False, ds=small_ds)
+        path = train_tiny(name, cfg, small_ds, tmp_path_factory.mktemp("ckpt") / name, epochs=1)
         ckpts.append(str(path))
     out = tmp_path_factory.mktemp("results")
     argv = ["--checkpoints", *ckpts, "--name", "ci", "--out", str(out), "--quick",

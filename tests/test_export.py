@@ -7,12 +7,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from conftest import train_tiny
 
 from export.export import ExportError, InferenceGraph, example_inputs, export, feeds, main
 from lsan.checkpoint import load_model
-from lsan.config import DataConfig, RunConfig, TrainConfig
-from lsan.models import model_config
-from lsan.train import train
 
 KINDS = {
     "sasrec": {"dim": 16, "layers": 1},
@@ -25,15 +23,7 @@ KINDS = {
 def checkpoints(small_ds, tmp_path_factory):
     out = {}
     for name, cfg in KINDS.items():
-        run = RunConfig(
-            data=DataConfig(dataset="synthetic", max_len=12),
-            model_name=name,
-            model=model_config(name, cfg),
-            train=TrainConfig(epochs=2, batch_size=64, device="cpu"),
-        )
-        path = tmp_path_factory.mktemp(name)
-        train(run, path, progress=False, ds=small_ds)
-        out[name] = path
+        out[name] = train_tiny(name, cfg, small_ds, tmp_path_factory.mktemp(name))
     return out
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
+from conftest import train_tiny
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,9 +28,6 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 from export.export import export
-from lsan.config import DataConfig, RunConfig, TrainConfig
-from lsan.models import model_config
-from lsan.train import train
 from serving.app import create_app, serve
 from serving.runtime import ArtifactError, load_artifact
 from serving.settings import Settings
@@ -40,14 +38,7 @@ T0 = 1_700_000_000  # a unix time to build histories from
 
 @pytest.fixture(scope="module")
 def artifact(small_ds, tmp_path_factory) -> Path:
-    run = RunConfig(
-        data=DataConfig(dataset="synthetic", max_len=12),
-        model_name="lsan",
-        model=model_config("lsan", {"dim": 16, "m1": 0}),
-        train=TrainConfig(epochs=2, batch_size=64, device="cpu"),
-    )
-    ck = tmp_path_factory.mktemp("ck")
-    train(run, ck, progress=False, ds=small_ds)
+    ck = train_tiny("lsan", {"dim": 16, "m1": 0}, small_ds, tmp_path_factory.mktemp("ck"))
     out = tmp_path_factory.mktemp("artifacts") / "lsan"
     # fp32 only: the server is format-agnostic and measuring every format would double the time
     export(ck, out, quant="fp32", k=20, ds=small_ds, log=lambda *_: None)
