@@ -265,10 +265,9 @@ def check_limits(req: RecommendRequest, limits: Limits, loc: tuple[str | int, ..
 def answer(
     req: RecommendRequest, result: Result, artifact: Artifact, latency_ms: float, metrics: Metrics
 ) -> RecommendResponse:
-    # When fewer than k items are left after exclusion, the graph's top-K is topped up with
-    # masked entries (padding, seen items): drop them rather than return seen items.
-    seen = {e.item_id for e in req.history} if req.exclude_seen else set()
-    kept = [(i, s) for i, s in result.items if i in artifact.index_of and i not in seen][: req.k]
+    # the runtime already excluded seen items and dropped masked fillers; a batch group ran at
+    # its largest k, so cut to this request's own k
+    kept = result.items[: req.k]
     metrics.recommendations.labels(result.fallback or "none").inc()
     metrics.unknown_items.inc(len(result.unknown_items))
     return RecommendResponse(
