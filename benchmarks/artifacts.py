@@ -8,6 +8,7 @@ is still measured, and the check's verdict is kept in the record.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,17 +73,21 @@ def export_all(
     ckpt: Checkpoint, work: Path, formats: list[str], k: int, ds: SeqDataset | None, log=print
 ) -> list[Artifact]:
     """One artifact per format; `ds` None skips the test metrics (NDCG None)."""
-    out = []
+    out: list[Artifact] = []
     k = min(k, ckpt.info.num_items)
+    try:  # one ONNX export and one PyTorch evaluation; every format written as work/<label>-<fmt>
+        export(ckpt.path, work / f"{ckpt.label}-shipped", k=k, force=True, evaluate_data=ds is not None,
+               ds=ds, log=lambda *_: None, formats=tuple(formats), every_format=work / ckpt.label)  # fmt: skip
+    except (ExportError, OSError, RuntimeError, ValueError) as exc:
+        log(f"  {ckpt.label}: export failed ({type(exc).__name__}: {exc}), skipped")
+        return out
     for fmt in formats:
         path = work / f"{ckpt.label}-{fmt}"
-        try:
-            meta = export(ckpt.path, path, quant=fmt, k=k, force=True, evaluate_data=ds is not None,
-                          ds=ds, log=lambda *_: None)  # fmt: skip
-        except (ExportError, OSError, RuntimeError, ValueError) as exc:
+        if not (path / "metadata.json").is_file():
             # a format that cannot be produced (e.g. a quantizer failure) is reported, not fatal
-            log(f"  {ckpt.label} {fmt}: export failed ({type(exc).__name__}: {exc}), skipped")
+            log(f"  {ckpt.label} {fmt}: export failed, skipped")
             continue
+        meta = json.loads((path / "metadata.json").read_text())
         ndcg = (meta.get("test_metrics") or {}).get("NDCG@10")
         shown = f"NDCG@10 {ndcg:.4f}" if ndcg is not None else "not evaluated"
         log(f"  {ckpt.label:24s} {fmt:12s} {meta['bytes']:>12,d} B  {shown}")

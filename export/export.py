@@ -297,11 +297,15 @@ def quantized_ops(path: Path) -> dict[str, int]:
 def export(
     ckpt: str | Path, out: str | Path, quant: str = "auto", k: int = 100, max_drop: float = 0.02,
     force: bool = False, data_dir: str = "", cache_dir: str = "", evaluate_data: bool = True,
-    log=print, ds: SeqDataset | None = None,
+    log=print, ds: SeqDataset | None = None, formats: tuple[str, ...] = FORMATS,
+    every_format: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Export checkpoint `ckpt` to artifact directory `out`; returns the metadata.
 
     `ds` replaces loading the checkpoint's dataset for the test-split metrics (tests pass one).
+    `formats` are the candidates `quant="auto"` tries. With `every_format`, every candidate that
+    could be produced is also written as its own artifact `<every_format>-<format>` (the
+    benchmarks measure them all from one ONNX export and one PyTorch evaluation).
     """
     out = Path(out)
     if quant != "auto" and quant not in FORMATS:
@@ -336,16 +340,16 @@ def export(
             torch.device("cpu"),
         )
         torch_test = all_metrics(ranks, (10, 20))
-    formats = list(FORMATS) if quant == "auto" else [quant]
+    tried = list(formats) if quant == "auto" else [quant]
 
     with tempfile.TemporaryDirectory(prefix=".export-", dir=out.parent) as tmp_name:
         tmp = Path(tmp_name)
         fp32 = tmp / "reference.onnx"
         log(f"exporting {run.model_name} to ONNX (opset {OPSET})")
         export_fp32(model, info, fp32, k)
-        calibration = calibration_feeds(ds, info) if "int8-static" in formats else []
+        calibration = calibration_feeds(ds, info) if "int8-static" in tried else []
         candidates: dict[str, dict[str, Any]] = {}
-        for fmt in formats:
+        for fmt in tried:
             path = tmp / f"{fmt}.onnx"
             try:
                 convert(fp32, path, fmt, calibration)
@@ -369,17 +373,27 @@ def export(
             raise ExportError(
                 "verification failed: " + "; ".join(problems) + " (use --force to write anyway)"
             )
-        final = tmp / "artifact"
-        final.mkdir()
-        shutil.copyfile(tmp / f"{chosen}.onnx", final / "model.onnx")
-        meta = metadata(run, info, dataset, chosen, candidates, torch_test, k, problems, ckpt)
-        embed_metadata(final / "model.onnx", meta)
-        meta["sha256"] = file_digest(final / "model.onnx")
-        meta["bytes"] = (final / "model.onnx").stat().st_size
-        (final / "metadata.json").write_text(json.dumps(meta, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        final.rename(out)
+
+        def write(fmt: str, problems: list[str], dest: Path) -> dict[str, Any]:
+            final = tmp / f"artifact-{fmt}"
+            final.mkdir()
+            shutil.copyfile(tmp / f"{fmt}.onnx", final / "model.onnx")
+            meta = metadata(run, info, dataset, fmt, candidates, torch_test, k, problems, ckpt)
+            embed_metadata(final / "model.onnx", meta)
+            meta["sha256"] = file_digest(final / "model.onnx")
+            meta["bytes"] = (final / "model.onnx").stat().st_size
+            (final / "metadata.json").write_text(json.dumps(meta, indent=2))
+            if dest.exists():
+                shutil.rmtree(dest)
+            shutil.move(final, dest)  # a rename when dest is on the same filesystem
+            return meta
+
+        meta = write(chosen, problems, out)
+        if every_format is not None:
+            for fmt, c in candidates.items():
+                if "error" not in c:
+                    dest = every_format.with_name(f"{every_format.name}-{fmt}")
+                    write(fmt, choose(candidates, fmt, max_drop)[1], dest)
     log(f"artifact: {out} ({chosen}, {meta['bytes']:,} bytes)")
     return meta
 
