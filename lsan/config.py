@@ -46,6 +46,8 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda if available), cpu, cuda, cuda:N
     threads: int = 0  # torch intra-op threads on CPU; 0 = torch default
     max_minutes: float = 0.0  # wall-clock budget for training; 0 = none
+    loss: str = "ce"  # ce (full softmax), bpr or sampled (softmax over sampled negatives)
+    negatives: int = 100  # uniform negatives per positive for bpr / sampled
 
 
 @dataclass(frozen=True)

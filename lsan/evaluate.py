@@ -19,6 +19,7 @@ from lsan.data.batching import eval_tensors, history_pairs
 from lsan.data.prepare import SeqDataset
 from lsan.metrics import all_metrics
 from lsan.models import Recommender
+from lsan.models.objectives import uses_users
 
 
 def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -42,7 +43,8 @@ def rank_users(
     for start in range(0, len(users), cfg.batch_size):
         rows = users[start : start + cfg.batch_size]
         batch = data.rows(torch.as_tensor(rows)).to(device)
-        scores = rec.score_all(batch.items, batch.cats, batch.slots).float()  # (B, |V|+1)
+        kw = {"users": batch.users} if uses_users(model) else {}
+        scores = rec.score_all(batch.items, batch.cats, batch.slots, **kw).float()  # (B, |V|+1)
         scores[:, 0] = -torch.inf
         if cfg.mask_seen:
             r, items = history_pairs(ds, rows, split)

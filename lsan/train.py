@@ -10,6 +10,7 @@ import dataclasses
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,7 +29,8 @@ from lsan.config import RunConfig
 from lsan.data.batching import item_counts, train_tensors
 from lsan.data.prepare import SeqDataset, default_max_len, load_dataset
 from lsan.evaluate import evaluate
-from lsan.models import DataInfo, Recommender, build_model, model_config
+from lsan.models import DataInfo, build_model, model_config
+from lsan.models.objectives import LOSSES, batch_loss
 from lsan.models.pop import Pop
 
 MONITOR = "NDCG@10"  # validation metric for early stopping and model selection
@@ -68,14 +70,18 @@ def resolve(run: RunConfig, ds: SeqDataset) -> tuple[RunConfig, DataInfo]:
 def train(
     run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True,
     ds: SeqDataset | None = None, command: str = "",
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Train `run` into checkpoint directory `out`; returns the final metrics (also metrics.json).
 
     `ds` replaces loading `run.data.dataset` (tests and sweeps pass a prepared dataset);
-    `command` is recorded in metrics.json so every result names what produced it.
+    `command` is recorded in metrics.json so every result names what produced it; `on_epoch`
+    gets each epoch's log record (hyper-parameter search reports and stops trials through it).
     """
     out = Path(out)
     tc = run.train
+    if tc.loss not in LOSSES:
+        raise ValueError(f"unknown train.loss '{tc.loss}' (known: {', '.join(LOSSES)})")
     # ---- setup: data, model, optimizer
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
@@ -87,7 +93,6 @@ def train(
         )
     run, info = resolve(run, ds)
     model = build_model(run.model_name, run.model, info).to(device)
-    rec = cast(Recommender, model)
     data = train_tensors(ds, info.max_len).to(device)
     trainable = getattr(model, "trainable", True)
     if not trainable:
@@ -123,7 +128,7 @@ def train(
         for i in tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=not progress):
             b = data.rows(order[i : i + tc.batch_size])
             assert opt is not None and b.targets is not None
-            loss = rec.loss(b.items, b.cats, b.slots, b.targets)
+            loss = batch_loss(model, b, tc.loss, tc.negatives)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -156,6 +161,8 @@ def train(
             out / "trainer_state.pt",
             {"model": model.state_dict(), "optimizer": opt.state_dict() if opt else {}, **state},
         )
+        if on_epoch is not None:
+            on_epoch(record)
         if state["bad"] >= tc.patience:
             break
         if tc.max_minutes and (time.perf_counter() - start_time) / 60 >= tc.max_minutes:

@@ -6,6 +6,8 @@ from lsan.models.layers import NEG, attention_mask
 
 INFO = DataInfo(num_items=40, num_categories=6, num_slots=26, max_len=12)
 NEURAL = [name for name in MODELS if name != "pop"]
+CAUSAL = [n for n in NEURAL if getattr(model_config(n), "attention", "causal") == "causal"]
+BIDIRECTIONAL = [n for n in NEURAL if getattr(model_config(n), "attention", "") == "bidirectional"]
 
 
 def batch(b=3, t=12, seed=0):
@@ -43,7 +45,7 @@ def test_shapes_and_pad_column(name):
     assert loss.ndim == 0 and torch.isfinite(loss)
 
 
-@pytest.mark.parametrize("name", NEURAL)
+@pytest.mark.parametrize("name", CAUSAL)
 def test_causal_outputs_ignore_later_items(name):
     torch.manual_seed(0)
     model = build_model(name, model_config(name), INFO).eval()
@@ -66,3 +68,15 @@ def test_extra_left_padding_changes_nothing(name):
         b = model.score_all(pad(items), pad(cats), pad(slots))
     # positions are absolute from the right, so padding on the left is invisible
     assert torch.allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", BIDIRECTIONAL)
+def test_bidirectional_outputs_see_later_items(name):
+    torch.manual_seed(0)
+    model = build_model(name, model_config(name), INFO).eval()
+    items, cats, slots = batch()
+    changed = items.clone()
+    changed[:, 8:] = torch.randint(1, INFO.num_items + 1, changed[:, 8:].shape)
+    with torch.no_grad():
+        a, b = model(items, cats, slots), model(changed, cats, slots)
+    assert not torch.allclose(a[:, 5:8], b[:, 5:8], atol=1e-5)

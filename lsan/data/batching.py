@@ -30,6 +30,8 @@ class SeqTensors:
     targets: torch.Tensor | None = None
     target: torch.Tensor | None = None
     users: torch.Tensor | None = None  # (B,) user index of each row
+    next_cats: torch.Tensor | None = None  # training only: categories aligned with `targets`
+    next_slots: torch.Tensor | None = None  # training only: time slots aligned with `targets`
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SeqTensors:
         values: dict[str, Any] = {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -67,9 +69,12 @@ def train_tensors(ds: SeqDataset, max_len: int) -> SeqTensors:
     items = windows(ds.items, starts, ends - 1, max_len)
     targets = windows(ds.items, starts + 1, ends, max_len)
     cats, slots = _context(ds, items, starts, ends - 1, max_len)
+    next_cats, next_slots = _context(ds, targets, starts + 1, ends, max_len)
     t = lambda a: torch.as_tensor(np.ascontiguousarray(a), dtype=torch.long)
-    users = torch.arange(ds.num_users)
-    return SeqTensors(t(items), t(cats), t(slots), targets=t(targets), users=users)
+    return SeqTensors(
+        t(items), t(cats), t(slots), targets=t(targets), users=torch.arange(ds.num_users),
+        next_cats=t(next_cats), next_slots=t(next_slots),
+    )  # fmt: skip
 
 
 def eval_tensors(ds: SeqDataset, split: str, max_len: int) -> SeqTensors:

@@ -4,8 +4,12 @@ Every model shares one API, which the trainer, the evaluation and the ONNX expor
 - `Model(cfg, info)` with `cfg` the model's frozen config dataclass and `info` a `DataInfo`;
 - `forward(items, cats, slots) -> (B, T, D)` hidden states for left-padded inputs (B, T);
 - `loss(items, cats, slots, targets) -> scalar`, targets (B, T) with PAD where nothing is due;
-- `score_all(items, cats, slots) -> (B, |V|+1)` next-item scores, padding column very negative.
-Models with closed-form statistics set `trainable = False` and define `fit_counts(counts)`.
+- `score_all(items, cats, slots) -> (B, |V|+1)` next-item scores, padding column very negative;
+- `item_scores(h) -> (..., |V|+1)` and `score_items(h, ids) -> (N, K)`: scores from hidden states
+  (the sampled losses of lsan.models.objectives use the second).
+Attention models switch AE/AR with `attention` (see lsan.models.objectives). Models with user
+embeddings set `uses_users = True` and take `users=` (B,) in forward, loss and score_all. Models
+with closed-form statistics set `trainable = False` and define `fit_counts(counts)`.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from lsan.models.sasrec import SASRec, SASRecConfig
 class Recommender(Protocol):
     """The API every model shares (what the trainer, evaluation and export call)."""
 
-    def loss(self, items: Tensor, cats: Tensor, slots: Tensor, targets: Tensor) -> Tensor: ...
-    def score_all(self, items: Tensor, cats: Tensor, slots: Tensor) -> Tensor: ...
+    def loss(
+        self, items: Tensor, cats: Tensor, slots: Tensor, targets: Tensor, **kw: Tensor
+    ) -> Tensor: ...
+    def score_all(self, items: Tensor, cats: Tensor, slots: Tensor, **kw: Tensor) -> Tensor: ...
 
 
 # name -> (model class, factory of its default config); variants are the same class with
@@ -35,6 +41,8 @@ class Recommender(Protocol):
 MODELS: dict[str, tuple[type[nn.Module], Callable[[], Any]]] = {
     "pop": (Pop, PopConfig),
     "sasrec": (SASRec, SASRecConfig),
+    "bert4rec": (SASRec, partial(SASRecConfig, attention="bidirectional")),
+    "local": (SASRec, partial(SASRecConfig, attention="local")),
     "lsan": (LSAN, LSANConfig),
     "lsan_full": (LSAN, partial(LSANConfig, full_table=True)),
 }

@@ -260,6 +260,21 @@ class CompositionalEmbedding(nn.Module):
         flat = self.grid_scores(h.reshape(-1, h.shape[-1]), mask_beyond=False)
         return flat[:, : self.num_ids].reshape(*lead, self.num_ids)
 
+    def score_ids(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Scores of given items only: h (P, D), ids (P, K) -> (P, K) (sampled losses)."""
+        codes = mixed_radix(ids, self.sizes)  # (P, K, N)
+        total = (
+            self.item_bias[ids]
+            if self.item_bias is not None
+            else torch.zeros_like(ids, dtype=h.dtype)
+        )
+        for n, t in enumerate(self.tables):
+            part = (h.unsqueeze(-2) * F.embedding(codes[..., n], t)).sum(-1)  # (P, K)
+            total = total + (
+                part * self.item_weights[ids, n] if self.item_weights is not None else part
+            )
+        return total
+
     def matrix(self) -> torch.Tensor:
         """The explicit (|V|+1, D) output matrix; for tests and analysis only (never on a hot path)."""
         codes = mixed_radix(torch.arange(self.num_ids, device=self.tables[0].device), self.sizes)

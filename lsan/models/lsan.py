@@ -44,6 +44,7 @@ from lsan.models.layers import (
     init_weights,
     next_item_loss,
 )
+from lsan.models.objectives import inference_inputs, is_autoencoding, mask_token, with_mask_token
 
 
 class ContextFusion(nn.Module):
@@ -125,8 +126,9 @@ class LSANConfig:
     conv: bool = True  # the convolution branch (False = plain self-attention ablation)
     layers: int = 1  # twin-attention layers
     dropout: float = 0.3  # dropout on embeddings, attention weights and residual branches
-    attention: str = "causal"  # causal, bidirectional or local self-attention branch
+    attention: str = "causal"  # causal (AR) or bidirectional / local (AE, Cloze) SA branch
     window: int = 3  # local attention reach (attention = local only)
+    mask_prob: float = 0.2  # Cloze masking probability (AE only)
     init_std: float = 0.02  # std of the normal initialisation
 
 
@@ -166,18 +168,27 @@ class LSAN(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(TwinBlock(cfg) for _ in range(cfg.layers))
         self.ln = nn.LayerNorm(cfg.dim)
+        self.mask_emb = nn.Parameter(torch.zeros(cfg.dim)) if is_autoencoding(self) else None
         init_weights(self, cfg.init_std)
         if self.items is not None:
             self.items.reset(cfg.init_std)
+        if self.mask_emb is not None:
+            nn.init.normal_(self.mask_emb, 0.0, cfg.init_std)
 
     def embed(self, items: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Context-aware item vectors (B, T, D)."""
-        if self.item_emb is not None:
-            base = self.item_emb(items).unsqueeze(-2)  # (B, T, 1, D)
+        if self.mask_emb is not None:  # AE: [MASK] replaces every selected base vector
+            base = with_mask_token(self.base, items, self.mask_emb, mask_token(self))
         else:
-            assert self.items is not None
-            base = self.items.base(items)  # (B, T, N, D)
+            base = self.base(items)
         return self.fusion(base, cats, slots)
+
+    def base(self, items: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, T, N, D) selected base vectors (N = 1 for the full table)."""
+        if self.item_emb is not None:
+            return self.item_emb(items).unsqueeze(-2)
+        assert self.items is not None
+        return self.items.base(items)
 
     def forward(self, items, cats, slots, return_weights: bool = False):
         """Hidden state per position (B, T, D); with return_weights also per-layer SA weights."""
@@ -197,11 +208,19 @@ class LSAN(nn.Module):
         assert self.items is not None
         return self.items.scores(h)
 
+    def score_items(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Scores of given items: h (N, D), ids (N, K) -> (N, K)."""
+        if self.item_emb is not None:
+            return (h.unsqueeze(-2) * self.item_emb(ids)).sum(-1)
+        assert self.items is not None
+        return self.items.score_ids(h, ids)
+
     def loss(self, items, cats, slots, targets) -> torch.Tensor:
         # training scores the whole code grid (ids past the catalogue score NEG): no slicing copy
         score = self.items.grid_scores if self.items is not None else self.item_scores
         return next_item_loss(self(items, cats, slots), targets, score)
 
     def score_all(self, items, cats, slots) -> torch.Tensor:
-        scores = self.item_scores(self(items, cats, slots)[:, -1])  # (B, |V|+1)
+        h = self(*inference_inputs(self, items, cats, slots))[:, -1]
+        scores = self.item_scores(h)  # (B, |V|+1)
         return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)

@@ -4,7 +4,10 @@ Design choices (those of the SASRec+ re-evaluations, Klenitskiy & Vasilev 2023):
 - full-softmax cross-entropy on the next item at every position (no sampled negatives);
 - pre-LN blocks with a final layer norm, GeLU feed-forward, learned absolute positions;
 - item embeddings N(0, 0.02), not scaled by sqrt(D); the output layer is tied to the input table;
-- causal attention by default; `attention` switches to bidirectional or local for the AE/AR study.
+- causal attention by default (AR); `attention` = bidirectional or local makes it auto-encoding
+  (AE): Cloze training with a learned [MASK] vector and the mask appended at inference
+  (lsan.models.objectives). `bert4rec` is this model with bidirectional attention, `local` with
+  a window of `window` positions on both sides (the local attention of He et al., 2021).
 Context inputs (category, time slot) are accepted for the shared API and ignored.
 """
 
@@ -25,6 +28,7 @@ from lsan.models.layers import (
     init_weights,
     next_item_loss,
 )
+from lsan.models.objectives import inference_inputs, is_autoencoding, mask_token, with_mask_token
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,9 @@ class SASRecConfig:
     heads: int = 1  # attention heads per block
     dropout: float = 0.3  # dropout on embeddings, attention weights and residual branches
     ffn_mult: int = 1  # feed-forward hidden size = ffn_mult * D
-    attention: str = "causal"  # causal, bidirectional or local
+    attention: str = "causal"  # causal (AR, next item) or bidirectional / local (AE, Cloze)
     window: int = 3  # local attention reach, in positions (attention = local only)
+    mask_prob: float = 0.2  # Cloze masking probability (AE only)
     init_std: float = 0.02  # std of the normal initialisation
 
 
@@ -51,7 +56,10 @@ class SASRec(nn.Module):
             for _ in range(cfg.layers)
         )
         self.ln = nn.LayerNorm(cfg.dim)
+        self.mask_emb = nn.Parameter(torch.zeros(cfg.dim)) if is_autoencoding(self) else None
         init_weights(self, cfg.init_std)
+        if self.mask_emb is not None:
+            nn.init.normal_(self.mask_emb, 0.0, cfg.init_std)
 
     def forward(
         self,
@@ -64,7 +72,12 @@ class SASRec(nn.Module):
         t = items.shape[1]
         pos = torch.arange(self.info.max_len - t, self.info.max_len, device=items.device)
         keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
-        x = self.drop(self.item_emb(items) + self.pos_emb(pos)[None]) * keep  # (B, T, D)
+        emb = (
+            self.item_emb(items)
+            if self.mask_emb is None
+            else with_mask_token(self.item_emb, items, self.mask_emb, mask_token(self))
+        )
+        x = self.drop(emb + self.pos_emb(pos)[None]) * keep  # (B, T, D)
         mask = attention_mask(items, self.cfg.attention, self.cfg.window)
         x, weights = apply_blocks(self.blocks, x, keep, mask, return_weights)
         h = self.ln(x)
@@ -74,10 +87,14 @@ class SASRec(nn.Module):
         """Scores of every item for hidden states h (..., D) -> (..., |V|+1)."""
         return h @ self.item_emb.weight.T
 
+    def score_items(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Scores of given items: h (N, D), ids (N, K) -> (N, K)."""
+        return (h.unsqueeze(-2) * self.item_emb(ids)).sum(-1)
+
     def loss(self, items, cats, slots, targets) -> torch.Tensor:
         return next_item_loss(self(items, cats, slots), targets, self.item_scores)
 
     def score_all(self, items, cats=None, slots=None) -> torch.Tensor:
         """Next-item scores after the last position: (B, |V|+1), padding column = NEG."""
-        scores = self.item_scores(self(items, cats, slots)[:, -1])
+        scores = self.item_scores(self(*inference_inputs(self, items, cats, slots))[:, -1])
         return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
