@@ -222,6 +222,57 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _named_runs(args: argparse.Namespace) -> dict[str, RunConfig]:
+    """`--models a b key=model` with `--set key:setting=value` for one run only."""
+    runs = {}
+    for spec in args.models:
+        key, _, name = spec.partition("=")
+        name = name or key
+        own = [s.split(":", 1)[1] for s in args.set if s.split("=", 1)[0].startswith(f"{key}:")]
+        common = [s for s in args.set if ":" not in s.split("=", 1)[0]]
+        runs[key] = build_run(args.dataset, name, args.config, [*common, *own],
+                              data_dir=args.data_dir, cache_dir=args.cache_dir,
+                              device=args.device)  # fmt: skip
+    unknown = {s.split(":", 1)[0] for s in args.set if ":" in s.split("=", 1)[0]} - set(runs)
+    if unknown:
+        raise ConfigError(f"--set for runs not in --models: {', '.join(sorted(unknown))}")
+    return runs
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from lsan.compare import compare
+
+    runs = _named_runs(args)
+    name = args.name or f"compare-{args.dataset}"
+    out = Path(args.out or f"runs/{name}")
+    table, jpath = compare(
+        runs, out, name, Path(args.results), args.command_line, progress=not args.quiet
+    )
+    print(table)
+    print(f"wrote {jpath} and {jpath.with_suffix('.md')}; checkpoints in {out}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from lsan.tune import read_space, tune_run
+
+    space = read_space(args.space)
+    if args.trials < 1:
+        raise ConfigError("--trials must be at least 1")
+    run = build_run(args.dataset, args.model, args.config, args.set,
+                    data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device)  # fmt: skip
+    ds = load_dataset(run.data.dataset, run.data.data_dir, run.data.cache_dir, run.data.min_count)
+    out = Path(args.out or f"runs/tune-{args.dataset}-{args.model}")
+    summary = tune_run(run, space, args.trials, out, ds, args.address, args.command_line,
+                       progress=not args.quiet)  # fmt: skip
+    print((out / "trials.md").read_text())
+    print(f"best: {summary['best_params']}")
+    best = summary["best"]
+    print(markdown_table(metrics_rows({args.model: best}), ["model", *METRIC_COLUMNS, "params"]))
+    print(f"wrote {out / 'trials.md'}, {out / 'best.json'}; best checkpoint in {out / 'best'}")
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -291,6 +342,35 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default="benchmarks/results")
     rp.add_argument("--reference", default="sasrec", help="model the ratios are relative to")
     rp.set_defaults(func=cmd_report)
+
+    cp = sub.add_parser("compare", help="train several models and tabulate them (AR vs AE)")
+    cp.add_argument("--dataset", required=True, choices=DATASETS)
+    cp.add_argument("--models", nargs="+", required=True, metavar="MODEL|KEY=MODEL",
+                    help="models to train; KEY=MODEL names a run, e.g. lsan-ae=lsan")  # fmt: skip
+    cp.add_argument("--config", default=None, help="JSON or TOML file applied to every run")
+    cp.add_argument("--set", action="append", default=[], metavar="[KEY:]SETTING=VALUE",
+                    help="override for every run, or for run KEY only (repeatable)")  # fmt: skip
+    cp.add_argument("--out", default="", help="checkpoints root (default runs/<name>)")
+    cp.add_argument("--name", default="", help="results file stem (default compare-<dataset>)")
+    cp.add_argument("--results", default="benchmarks/results", help="where the tables go")
+    cp.add_argument("--device", default="")
+    cp.add_argument("--quiet", action="store_true")
+    _data_flags(cp)
+    cp.set_defaults(func=cmd_compare)
+
+    tu = sub.add_parser("tune", help="hyper-parameter search with ASHA on Ray Tune")
+    tu.add_argument("--dataset", required=True, choices=DATASETS)
+    tu.add_argument("--model", required=True, choices=list(MODELS))
+    tu.add_argument("--space", required=True, help="TOML search space (see lsan/tune.py)")
+    tu.add_argument("--trials", type=int, default=8, help="samples (x the grid, if any)")
+    tu.add_argument("--address", default="", help="existing Ray cluster (default: local Ray)")
+    tu.add_argument("--config", default=None)
+    tu.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    tu.add_argument("--out", default="", help="default runs/tune-<dataset>-<model>")
+    tu.add_argument("--device", default="")
+    tu.add_argument("--quiet", action="store_true")
+    _data_flags(tu)
+    tu.set_defaults(func=cmd_tune)
 
     sub.add_parser("serve", help="HTTP server on an artifact (see `lsan serve -h`)", add_help=False)
     sub.add_parser(

@@ -21,10 +21,15 @@ from typing import Any, Protocol
 from torch import Tensor, nn
 
 from lsan.config import ConfigError, override
+from lsan.models.caser import Caser, CaserConfig
+from lsan.models.fpmc import FPMC, FPMCConfig
+from lsan.models.gru4rec import GRU4Rec, GRU4RecConfig
+from lsan.models.hf import HFConfig, HFRecommender
 from lsan.models.info import DataInfo
 from lsan.models.lsan import LSAN, LSANConfig
 from lsan.models.pop import Pop, PopConfig
 from lsan.models.sasrec import SASRec, SASRecConfig
+from lsan.models.ssept import SSEPT, SSEPTConfig
 
 
 class Recommender(Protocol):
@@ -43,8 +48,18 @@ MODELS: dict[str, tuple[type[nn.Module], Callable[[], Any]]] = {
     "sasrec": (SASRec, SASRecConfig),
     "bert4rec": (SASRec, partial(SASRecConfig, attention="bidirectional")),
     "local": (SASRec, partial(SASRecConfig, attention="local")),
+    # Hugging Face backbones (optional extra `hf`): AR for GPT-2 / Llama, AE for BERT / ALBERT
+    "hf_gpt2": (HFRecommender, partial(HFConfig, backbone="gpt2")),
+    "hf_llama": (HFRecommender, partial(HFConfig, backbone="llama")),
+    "hf_bert": (HFRecommender, partial(HFConfig, backbone="bert", attention="bidirectional")),
+    "hf_albert": (HFRecommender, partial(HFConfig, backbone="albert", attention="bidirectional")),
     "lsan": (LSAN, LSANConfig),
     "lsan_full": (LSAN, partial(LSANConfig, full_table=True)),
+    # classic baselines of the LSAN paper's table, and SSE-PT (caser, fpmc, ssept use user ids)
+    "gru4rec": (GRU4Rec, GRU4RecConfig),
+    "caser": (Caser, CaserConfig),
+    "fpmc": (FPMC, FPMCConfig),
+    "ssept": (SSEPT, SSEPTConfig),
 }
 
 
