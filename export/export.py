@@ -48,6 +48,7 @@ from lsan.evaluate import rank_users
 from lsan.metrics import all_metrics
 from lsan.models import DataInfo
 from lsan.models.layers import NEG
+from lsan.models.objectives import uses_users
 
 OPSET = 18
 FORMATS = ("fp32", "fp16", "int8", "int8-static")
@@ -315,6 +316,11 @@ def export(
     if not os.access(out.parent, os.W_OK):
         raise ExportError(f"output folder {out.parent} is not writable")
     model, run, info = load_model(ckpt)
+    if uses_users(model):
+        raise ExportError(
+            f"model '{run.model_name}' scores with a user embedding, but the ONNX contract has no "
+            "user id (items, cats, slots only); serve it from PyTorch or export a sequence model"
+        )
     if k < 1 or k > info.num_items:
         raise ExportError(f"--k must be in 1..{info.num_items}")
     dataset = json.loads((Path(ckpt) / "dataset.json").read_text())

@@ -1,3 +1,7 @@
+"""`python -m lsan`: the same as the `lsan` command."""
+
+import sys
+
 from lsan.cli import main
 
-raise SystemExit(main())
+sys.exit(main())

@@ -222,6 +222,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Attention sparsity, rank and locality of checkpoints, with pictures (lsan.analysis)."""
+    from lsan.analysis.attention import AnalysisConfig, analyze
+    from lsan.analysis.report import write_report
+    from lsan.train import resolve_device
+
+    cfg = AnalysisConfig(users=args.users, seed=args.seed, sigma=args.sigma, split=args.split)
+    results = analyze([Path(p) for p in args.checkpoints], cfg, resolve_device(args.device),
+                      args.data_dir, args.cache_dir, progress=not args.quiet)  # fmt: skip
+    jpath, mpath = write_report(results, cfg, Path(args.out), args.command_line)
+    print(mpath.read_text())
+    print(f"wrote {jpath}, {mpath} and the pictures in {args.out}")
+    return 0
+
+
 def _named_runs(args: argparse.Namespace) -> dict[str, RunConfig]:
     """`--models a b key=model` with `--set key:setting=value` for one run only."""
     runs = {}
@@ -343,6 +358,20 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--reference", default="sasrec", help="model the ratios are relative to")
     rp.set_defaults(func=cmd_report)
 
+    from lsan.analysis.attention import AnalysisConfig as An
+
+    an = sub.add_parser("analyze", help="attention sparsity, rank, locality and pictures")
+    an.add_argument("checkpoints", nargs="+", help="checkpoint directories (lsan train --out)")
+    an.add_argument("--out", required=True, help="folder for analysis.json/.md and the PNGs")
+    an.add_argument("--users", type=int, default=An.users, help="users sampled (seeded)")
+    an.add_argument("--seed", type=int, default=An.seed, help="seeds the users and the rank noise")
+    an.add_argument("--sigma", type=float, default=An.sigma, help="std of the rank noise (eq. 7)")
+    an.add_argument("--split", default=An.split, choices=["valid", "test"])
+    an.add_argument("--device", default="auto")
+    an.add_argument("--quiet", action="store_true", help="no progress output")
+    _data_flags(an)
+    an.set_defaults(func=cmd_analyze)
+
     cp = sub.add_parser("compare", help="train several models and tabulate them (AR vs AE)")
     cp.add_argument("--dataset", required=True, choices=DATASETS)
     cp.add_argument("--models", nargs="+", required=True, metavar="MODEL|KEY=MODEL",
@@ -423,3 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -182,7 +182,7 @@ def tune_run(
     )
     results = tuner.fit()
     rows = []
-    for r in results:
+    for r in (results[i] for i in range(len(results))):
         if r.metrics is None or r.config is None:
             continue
         df = r.metrics_dataframe

@@ -3,8 +3,9 @@ import torch
 
 from lsan.models import MODELS, DataInfo, build_model, model_config
 from lsan.models.layers import NEG, attention_mask
+from lsan.models.objectives import uses_users
 
-INFO = DataInfo(num_items=40, num_categories=6, num_slots=26, max_len=12)
+INFO = DataInfo(num_items=40, num_categories=6, num_slots=26, max_len=12, num_users=5)
 NEURAL = [name for name in MODELS if name != "pop"]
 CAUSAL = [n for n in NEURAL if getattr(model_config(n), "attention", "causal") == "causal"]
 BIDIRECTIONAL = [n for n in NEURAL if getattr(model_config(n), "attention", "") == "bidirectional"]
@@ -17,6 +18,11 @@ def batch(b=3, t=12, seed=0):
     cats = torch.randint(2, INFO.num_categories, (b, t), generator=g) * (items != 0)
     slots = torch.randint(2, INFO.num_slots, (b, t), generator=g) * (items != 0)
     return items, cats, slots
+
+
+def user_kw(model, b=3):
+    """users= for models with user embeddings (rows get distinct user ids), else nothing."""
+    return {"users": torch.arange(b) % INFO.num_users} if uses_users(model) else {}
 
 
 def test_attention_mask_never_empty_and_causal():
@@ -35,13 +41,14 @@ def test_attention_mask_never_empty_and_causal():
 def test_shapes_and_pad_column(name):
     model = build_model(name, model_config(name), INFO).eval()
     items, cats, slots = batch()
-    h = model(items, cats, slots)
+    kw = user_kw(model)
+    h = model(items, cats, slots, **kw)
     assert h.shape[:2] == items.shape
-    scores = model.score_all(items, cats, slots)
+    scores = model.score_all(items, cats, slots, **kw)
     assert scores.shape == (3, INFO.num_items + 1)
     assert torch.all(scores[:, 0] <= NEG / 2) and torch.isfinite(scores).all()
     targets = torch.roll(items, -1, 1)
-    loss = model.loss(items, cats, slots, targets)
+    loss = model.loss(items, cats, slots, targets, **kw)
     assert loss.ndim == 0 and torch.isfinite(loss)
 
 
@@ -52,8 +59,9 @@ def test_causal_outputs_ignore_later_items(name):
     items, cats, slots = batch()
     changed = items.clone()
     changed[:, 8:] = torch.randint(1, INFO.num_items + 1, changed[:, 8:].shape)
+    kw = user_kw(model)
     with torch.no_grad():
-        a, b = model(items, cats, slots), model(changed, cats, slots)
+        a, b = model(items, cats, slots, **kw), model(changed, cats, slots, **kw)
     assert torch.allclose(a[:, :8], b[:, :8], atol=1e-5)
     assert not torch.allclose(a[:, 8:], b[:, 8:], atol=1e-5)
 
@@ -64,8 +72,8 @@ def test_extra_left_padding_changes_nothing(name):
     items, cats, slots = batch(t=8)
     pad = lambda x: torch.cat([torch.zeros(x.shape[0], 4, dtype=x.dtype), x], 1)
     with torch.no_grad():
-        a = model.score_all(items, cats, slots)
-        b = model.score_all(pad(items), pad(cats), pad(slots))
+        a = model.score_all(items, cats, slots, **user_kw(model))
+        b = model.score_all(pad(items), pad(cats), pad(slots), **user_kw(model))
     # positions are absolute from the right, so padding on the left is invisible
     assert torch.allclose(a, b, atol=1e-4)
 

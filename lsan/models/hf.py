@@ -69,27 +69,27 @@ def backbone(cfg: HFConfig, max_len: int) -> nn.Module:
     )  # fmt: skip
     d, h, n, p = cfg.dim, cfg.heads, cfg.layers, cfg.dropout
     if cfg.backbone == "gpt2":
-        c = hf.GPT2Config(
+        gpt2 = hf.GPT2Config(
             n_embd=d, n_head=h, n_layer=n, n_positions=max_len, n_inner=d,
             resid_pdrop=p, embd_pdrop=p, attn_pdrop=p, **common,
         )  # fmt: skip
-        return hf.GPT2Model(c)
+        return hf.GPT2Model(gpt2)
     if cfg.backbone == "llama":
-        c = hf.LlamaConfig(
+        llama = hf.LlamaConfig(
             hidden_size=d, num_attention_heads=h, num_key_value_heads=h, num_hidden_layers=n,
             intermediate_size=d, max_position_embeddings=max_len, attention_dropout=p, **common,
         )  # fmt: skip
-        return hf.LlamaModel(c)
+        return hf.LlamaModel(llama)
     bert_like: dict[str, Any] = dict(
         hidden_size=d, num_attention_heads=h, num_hidden_layers=n, intermediate_size=d,
         max_position_embeddings=max_len, hidden_dropout_prob=p,
         attention_probs_dropout_prob=p, hidden_act="gelu", **common,
     )  # fmt: skip
     if cfg.backbone == "bert":
-        c = hf.BertConfig(is_decoder=cfg.attention == "causal", **bert_like)
-        return hf.BertModel(c, add_pooling_layer=False)
-    c = hf.AlbertConfig(embedding_size=d, **bert_like)
-    return hf.AlbertModel(c, add_pooling_layer=False)
+        bert = hf.BertConfig(is_decoder=cfg.attention == "causal", **bert_like)
+        return hf.BertModel(bert, add_pooling_layer=False)
+    albert = hf.AlbertConfig(embedding_size=d, **bert_like)
+    return hf.AlbertModel(albert, add_pooling_layer=False)
 
 
 class HFRecommender(nn.Module):

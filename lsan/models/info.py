@@ -11,3 +11,4 @@ class DataInfo:
     num_categories: int  # category ids incl. 0 = padding and 1 = unknown
     num_slots: int  # time-slot ids incl. 0 = padding and 1 = unknown
     max_len: int  # longest input sequence (positions)
+    num_users: int = 0  # user ids 0..num_users-1 (models with user embeddings); 0 = unknown

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from lsan.data.batching import SeqTensors
 from lsan.data.slots import UNKNOWN
@@ -34,17 +34,17 @@ from lsan.models.layers import NEG, PAD
 LOSSES = ("ce", "bpr", "sampled")
 
 
-def is_autoencoding(model: nn.Module) -> bool:
+def is_autoencoding(model: Any) -> bool:
     """True for models trained with Cloze (non-causal attention)."""
     return getattr(getattr(model, "cfg", None), "attention", "causal") != "causal"
 
 
-def uses_users(model: nn.Module) -> bool:
+def uses_users(model: Any) -> bool:
     """True for models with user embeddings (they take `users=` in forward/loss/score_all)."""
     return bool(getattr(model, "uses_users", False))
 
 
-def mask_token(model: nn.Module) -> int:
+def mask_token(model: Any) -> int:
     return int(model.info.num_items) + 1
 
 
@@ -80,7 +80,7 @@ def cloze_batch(b: SeqTensors, prob: float, mask: int) -> SeqTensors:
 
 
 def inference_inputs(
-    model: nn.Module, items: Tensor, cats: Tensor, slots: Tensor
+    model: Any, items: Tensor, cats: Tensor, slots: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """What the model reads to score the next item: the history, or for AE history + [MASK].
 

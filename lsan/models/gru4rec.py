@@ -1,0 +1,67 @@
+"""GRU4Rec: a recurrent network over the item sequence (Hidasi et al., 2016), the CE variant.
+
+Design choices (those of RecBole's GRU4Rec, the usual baseline of the LSAN paper's table):
+- item embedding -> dropout -> GRU (`layers`, hidden size D) -> linear projection to D; scores
+  are dot products with the (tied) input item table;
+- full-softmax cross-entropy on the next item at every position (the sessions-parallel mini-
+  batches of the paper are not needed: the trainer feeds whole left-padded sequences);
+- the GRU has no biases: a zero input (padding) on a zero state leaves the state at zero, so left
+  padding is invisible, as for the attention models. GRU weights keep PyTorch's uniform
+  initialisation (N(0, 0.02) would make the recurrence nearly inert at the start); the tables and
+  the projection get N(0, init_std) like the other models.
+Context inputs (category, time slot) are accepted for the shared API and ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lsan.models.info import DataInfo
+from lsan.models.layers import NEG, PAD, init_weights, next_item_loss
+
+
+@dataclass(frozen=True)
+class GRU4RecConfig:
+    dim: int = 64  # embedding and GRU hidden size D
+    layers: int = 1  # stacked GRU layers (the paper and RecBole: 1)
+    dropout: float = 0.3  # dropout on the input embeddings and between GRU layers (RecBole: 0.3)
+    init_std: float = 0.02  # std of the normal initialisation of the tables and the projection
+
+
+class GRU4Rec(nn.Module):
+    def __init__(self, cfg: GRU4RecConfig, info: DataInfo):
+        super().__init__()
+        self.cfg, self.info = cfg, info
+        self.item_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.gru = nn.GRU(
+            cfg.dim, cfg.dim, cfg.layers, bias=False, batch_first=True,
+            dropout=cfg.dropout if cfg.layers > 1 else 0.0,
+        )  # fmt: skip
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+        init_weights(self, cfg.init_std)
+
+    def forward(self, items, cats=None, slots=None) -> torch.Tensor:
+        """Hidden state per position (B, T, D); position t has read items up to t."""
+        x = self.drop(self.item_emb(items))  # (B, T, D), zero on padding
+        out, _ = self.gru(x)  # (B, T, D)
+        return self.proj(out)
+
+    def item_scores(self, h: torch.Tensor) -> torch.Tensor:
+        """Scores of every item for hidden states h (..., D) -> (..., |V|+1)."""
+        return h @ self.item_emb.weight.T
+
+    def score_items(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Scores of given items: h (N, D), ids (N, K) -> (N, K)."""
+        return (h.unsqueeze(-2) * self.item_emb(ids)).sum(-1)
+
+    def loss(self, items, cats, slots, targets) -> torch.Tensor:
+        return next_item_loss(self(items, cats, slots), targets, self.item_scores)
+
+    def score_all(self, items, cats=None, slots=None) -> torch.Tensor:
+        """Next-item scores after the last position: (B, |V|+1), padding column = NEG."""
+        scores = self.item_scores(self(items, cats, slots)[:, -1])
+        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
