@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from lsan.models.info import DataInfo
-from lsan.models.layers import NEG, PAD, init_weights, next_item_loss
+from lsan.models.layers import PAD, init_weights
+from lsan.models.scoring import TiedScores
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class GRU4RecConfig:
     init_std: float = 0.02  # std of the normal initialisation of the tables and the projection
 
 
-class GRU4Rec(nn.Module):
+class GRU4Rec(TiedScores, nn.Module):
     def __init__(self, cfg: GRU4RecConfig, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
@@ -49,19 +50,3 @@ class GRU4Rec(nn.Module):
         x = self.drop(self.item_emb(items))  # (B, T, D), zero on padding
         out, _ = self.gru(x)  # (B, T, D)
         return self.proj(out)
-
-    def item_scores(self, h: torch.Tensor) -> torch.Tensor:
-        """Scores of every item for hidden states h (..., D) -> (..., |V|+1)."""
-        return h @ self.item_emb.weight.T
-
-    def score_items(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Scores of given items: h (N, D), ids (N, K) -> (N, K)."""
-        return (h.unsqueeze(-2) * self.item_emb(ids)).sum(-1)
-
-    def loss(self, items, cats, slots, targets) -> torch.Tensor:
-        return next_item_loss(self(items, cats, slots), targets, self.item_scores)
-
-    def score_all(self, items, cats=None, slots=None) -> torch.Tensor:
-        """Next-item scores after the last position: (B, |V|+1), padding column = NEG."""
-        scores = self.item_scores(self(items, cats, slots)[:, -1])
-        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)

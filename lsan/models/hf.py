@@ -24,13 +24,13 @@ from torch import nn
 
 from lsan.config import ConfigError
 from lsan.models.info import DataInfo
-from lsan.models.layers import NEG, PAD, init_weights, next_item_loss
+from lsan.models.layers import PAD, init_weights
 from lsan.models.objectives import (
-    inference_inputs,
     is_autoencoding,
     mask_token,
     with_mask_token,
 )
+from lsan.models.scoring import TiedScores
 
 BACKBONES = {"gpt2": ("causal",), "llama": ("causal",), "bert": ("causal", "bidirectional")}
 BACKBONES["albert"] = ("bidirectional",)
@@ -92,7 +92,7 @@ def backbone(cfg: HFConfig, max_len: int) -> nn.Module:
     return hf.AlbertModel(albert, add_pooling_layer=False)
 
 
-class HFRecommender(nn.Module):
+class HFRecommender(TiedScores, nn.Module):
     def __init__(self, cfg: HFConfig, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
@@ -119,18 +119,3 @@ class HFRecommender(nn.Module):
         )
         h = out.last_hidden_state * keep.unsqueeze(-1).to(emb.dtype)
         return (h, list(out.attentions)) if return_weights else h
-
-    def item_scores(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.item_emb.weight.T
-
-    def score_items(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return (h.unsqueeze(-2) * self.item_emb(ids)).sum(-1)
-
-    def loss(self, items, cats, slots, targets) -> torch.Tensor:
-        return next_item_loss(self(items, cats, slots), targets, self.item_scores)
-
-    def score_all(self, items, cats=None, slots=None) -> torch.Tensor:
-        if cats is None or slots is None:
-            cats = slots = torch.zeros_like(items)
-        scores = self.item_scores(self(*inference_inputs(self, items, cats, slots))[:, -1])
-        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)

@@ -20,15 +20,14 @@ from torch import nn
 
 from lsan.models.info import DataInfo
 from lsan.models.layers import (
-    NEG,
     PAD,
     TransformerBlock,
     apply_blocks,
     attention_mask,
     init_weights,
-    next_item_loss,
 )
-from lsan.models.objectives import inference_inputs, is_autoencoding, mask_token, with_mask_token
+from lsan.models.objectives import is_autoencoding, mask_token, with_mask_token
+from lsan.models.scoring import TiedScores
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class SASRecConfig:
     init_std: float = 0.02  # std of the normal initialisation
 
 
-class SASRec(nn.Module):
+class SASRec(TiedScores, nn.Module):
     def __init__(self, cfg: SASRecConfig, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
@@ -82,19 +81,3 @@ class SASRec(nn.Module):
         x, weights = apply_blocks(self.blocks, x, keep, mask, return_weights)
         h = self.ln(x)
         return (h, weights) if return_weights else h
-
-    def item_scores(self, h: torch.Tensor) -> torch.Tensor:
-        """Scores of every item for hidden states h (..., D) -> (..., |V|+1)."""
-        return h @ self.item_emb.weight.T
-
-    def score_items(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Scores of given items: h (N, D), ids (N, K) -> (N, K)."""
-        return (h.unsqueeze(-2) * self.item_emb(ids)).sum(-1)
-
-    def loss(self, items, cats, slots, targets) -> torch.Tensor:
-        return next_item_loss(self(items, cats, slots), targets, self.item_scores)
-
-    def score_all(self, items, cats=None, slots=None) -> torch.Tensor:
-        """Next-item scores after the last position: (B, |V|+1), padding column = NEG."""
-        scores = self.item_scores(self(*inference_inputs(self, items, cats, slots))[:, -1])
-        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)

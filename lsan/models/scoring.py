@@ -1,0 +1,36 @@
+"""Scoring through a tied item table, shared by the models whose output layer is their input one.
+
+A mixin (one level, no state of its own): the model defines `item_emb` (|V|+1, D) and a forward
+that returns hidden states (B, T, D); this supplies the rest of the shared model API.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lsan.models.layers import NEG, next_item_loss
+from lsan.models.objectives import inference_inputs
+
+
+class TiedScores:
+    item_emb: nn.Embedding
+
+    def item_scores(self, h: torch.Tensor) -> torch.Tensor:
+        """Scores of every item for hidden states h (..., D) -> (..., |V|+1)."""
+        return h @ self.item_emb.weight.T
+
+    def score_items(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Scores of given items: h (N, D), ids (N, K) -> (N, K) (the sampled losses)."""
+        return (h.unsqueeze(-2) * self.item_emb(ids)).sum(-1)
+
+    def loss(self, items, cats, slots, targets) -> torch.Tensor:
+        return next_item_loss(self(items, cats, slots), targets, self.item_scores)  # type: ignore[operator]
+
+    def score_all(self, items, cats=None, slots=None) -> torch.Tensor:
+        """Next-item scores after the last position: (B, |V|+1), padding column = NEG."""
+        if cats is None or slots is None:
+            cats = slots = torch.zeros_like(items)
+        h = self(*inference_inputs(self, items, cats, slots))[:, -1]  # type: ignore[operator]
+        scores = self.item_scores(h)
+        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
