@@ -3,8 +3,9 @@
 One row per model (HR/NDCG@5/10/20 on the test split, parameters, seconds per epoch), each
 column's best in bold, and the relative improvement of auto-regressive over auto-encoding
 attention: the best AR model against the best AE model per column (the seed paper's "AR over
-AE"), plus each architecture run both ways (e.g. sasrec vs bert4rec, lsan causal vs lsan
-bidirectional). Models without attention (pop, gru4rec, ...) are listed but belong to no side.
+AE"), plus every AR run against every AE run of the same design (e.g. sasrec vs bert4rec and
+vs local, lsan causal vs lsan bidirectional). Models without attention (pop, gru4rec, ...) are
+listed but belong to no side.
 """
 
 from __future__ import annotations
@@ -56,14 +57,15 @@ def comparison_rows(rows: list[dict[str, Any]], runs: list[RunConfig]) -> list[d
         best_ar = {m: max(r[m] for r in ar) for m in METRICS}
         best_ae = {m: max(r[m] for r in ae) for m in METRICS}
         shown.append({"run": "AR over AE (best vs best)", **relative(best_ar, best_ae)})
-    pairs: dict[str, dict[str, dict[str, Any]]] = {}
+    designs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for row, run in zip(rows, runs, strict=True):
         if row["mode"] in ("AR", "AE"):
-            pairs.setdefault(architecture(run), {}).setdefault(row["mode"], row)
-    for pair in pairs.values():
-        if "AR" in pair and "AE" in pair:
-            name = f"{pair['AR']['run']} over {pair['AE']['run']}"
-            shown.append({"run": name, **relative(pair["AR"], pair["AE"])})
+            designs.setdefault(architecture(run), {}).setdefault(row["mode"], []).append(row)
+    for design in designs.values():
+        for ar_row in design.get("AR", []):
+            for ae_row in design.get("AE", []):
+                name = f"{ar_row['run']} over {ae_row['run']}"
+                shown.append({"run": name, **relative(ar_row, ae_row)})
     return shown
 
 
@@ -86,6 +88,6 @@ def compare(
     table_rows = comparison_rows(rows, list(runs.values()))
     columns = ["run", "mode", *METRICS, "params", "s/epoch", "epochs"]
     table = markdown_table(table_rows, columns)
-    jpath, mpath = write_report(rows, name, results, command)
+    jpath, mpath = write_report(rows, name, results, command, extra={"table": table_rows})
     mpath.write_text(f"# {name}\n\n{table}\n\nCommand: `{command}`\n")
     return table, jpath

@@ -65,8 +65,9 @@ def collect(checkpoints: list[Path], reference: str = "sasrec") -> list[dict[str
 
 
 def write_report(
-    rows: list[dict[str, Any]], name: str, out: Path, command: str
-) -> tuple[Path, Path]:
+    rows: list[dict[str, Any]], name: str, out: Path, command: str,
+    extra: dict[str, Any] | None = None,
+) -> tuple[Path, Path]:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     record = {
         "name": name,
@@ -76,6 +77,7 @@ def write_report(
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
         "protocol": "leave-one-out, full ranking over the catalogue, seen items masked, test split",
         "rows": rows,
+        **(extra or {}),
     }
     jpath, mpath = out / f"{name}.json", out / f"{name}.md"
     jpath.write_text(json.dumps(record, indent=2))
