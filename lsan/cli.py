@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     result = train(
         run, args.out, resume=args.resume, progress=not args.quiet, command=args.command_line
     )
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 alone reports
+        return 0
     print(
         markdown_table(
             metrics_rows({run.model_name: result}), ["model", *METRIC_COLUMNS, "params", "s/epoch"]

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "synthetic"  # dataset name: ml-100k, ml-1m, beauty, sports, toys, yelp, lastfm, video, synthetic
+    dataset: str = "synthetic"  # dataset name: ml-100k, ml-1m, beauty, sports, toys, yelp, lastfm, video, synthetic, synthetic-1m
     data_dir: str = ""  # root holding raw datasets; "" = $LSAN_DATA_DIR or ./data
     cache_dir: str = ""  # where prepared datasets are cached; "" = $LSAN_CACHE_DIR or ~/.cache/lsan
     min_count: int = (
@@ -37,7 +37,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     lr: float = 1e-3  # Adam learning rate
-    batch_size: int = 256  # training sequences per step
+    batch_size: int = 256  # training sequences per step, over all processes (torchrun splits it)
     weight_decay: float = 1e-5  # L2 strength (Adam's coupled weight decay, as in the LSAN paper)
     epochs: int = 200  # upper bound on epochs; early stopping usually ends sooner
     patience: int = 10  # evaluations without validation NDCG@10 improvement before stopping
@@ -48,6 +48,8 @@ class TrainConfig:
     max_minutes: float = 0.0  # wall-clock budget for training; 0 = none
     loss: str = "ce"  # ce (full softmax), bpr or sampled (softmax over sampled negatives)
     negatives: int = 100  # uniform negatives per positive for bpr / sampled
+    amp: str = "auto"  # training autocast: auto (bf16 on CUDA when supported, else off), bf16, off
+    compile: bool = False  # torch.compile the training step (CUDA; the first steps are slow)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class EvalConfig:
     ks: tuple[int, ...] = (5, 10, 20)  # cut-offs for HR@k, NDCG@k, MRR@k
     mask_seen: bool = True  # exclude every item already in the user's history from the ranking
     batch_size: int = 512  # users scored per evaluation step
+    max_scores: int = 2**24  # most scores held at once (users x (|V|+1)): bounds big catalogues
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lsan import distributed
 from lsan.checkpoint import (
     dataset_record,
     load_model,
@@ -28,9 +29,8 @@ from lsan.checkpoint import (
 from lsan.config import RunConfig
 from lsan.data.batching import item_counts, train_tensors
 from lsan.data.prepare import SeqDataset, default_max_len, load_dataset
-from lsan.evaluate import evaluate
 from lsan.models import DataInfo, build_model, model_config
-from lsan.models.objectives import LOSSES, batch_loss
+from lsan.models.objectives import LOSSES
 from lsan.models.pop import Pop
 
 MONITOR = "NDCG@10"  # validation metric for early stopping and model selection
@@ -63,7 +63,7 @@ def resolve(run: RunConfig, ds: SeqDataset) -> tuple[RunConfig, DataInfo]:
         data = dataclasses.replace(data, max_len=default_max_len(ds.name))
     model = run.model if run.model is not None else model_config(run.model_name)
     run = dataclasses.replace(run, data=data, model=model)
-    info = DataInfo(ds.num_items, ds.num_categories, ds.num_slots, data.max_len)
+    info = DataInfo(ds.num_items, ds.num_categories, ds.num_slots, data.max_len, ds.num_users)
     return run, info
 
 
@@ -77,6 +77,7 @@ def train(
     `ds` replaces loading `run.data.dataset` (tests and sweeps pass a prepared dataset);
     `command` is recorded in metrics.json so every result names what produced it; `on_epoch`
     gets each epoch's log record (hyper-parameter search reports and stops trials through it).
+    Under torchrun every process runs the loop on its share of the users (lsan.distributed).
     """
     out = Path(out)
     tc = run.train
@@ -85,12 +86,14 @@ def train(
     # ---- setup: data, model, optimizer
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
-    device = resolve_device(tc.device)
+    ctx = distributed.setup(resolve_device(tc.device))  # one process, or one rank of torchrun's
+    device, progress = ctx.device, progress and ctx.main
     seed_everything(tc.seed)
     if ds is None:
-        ds = load_dataset(
-            run.data.dataset, run.data.data_dir, run.data.cache_dir, run.data.min_count
-        )
+        with distributed.main_first(ctx):  # rank 0 prepares and caches, the others read the cache
+            ds = load_dataset(
+                run.data.dataset, run.data.data_dir, run.data.cache_dir, run.data.min_count
+            )
     run, info = resolve(run, ds)
     model = build_model(run.model_name, run.model, info).to(device)
     data = train_tensors(ds, info.max_len).to(device)
@@ -100,8 +103,9 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay) if params else None
     out.mkdir(parents=True, exist_ok=True)
-    save_config(out, run, info)
-    write_json(out / "dataset.json", dataset_record(ds))
+    if ctx.main:
+        save_config(out, run, info)
+        write_json(out / "dataset.json", dataset_record(ds))
     log_path = out / "train_log.jsonl"
 
     # ---- resume: weights, optimizer and progress of the last finished epoch
@@ -112,8 +116,9 @@ def train(
         if opt is not None:
             opt.load_state_dict(saved["optimizer"])
         state = {k: saved[k] for k in state}
-    elif log_path.exists():
+    elif ctx.main and log_path.exists():
         log_path.unlink()
+    step = distributed.loss_step(model, tc, ctx) if trainable else None
 
     # ---- epochs: shuffle, step on every batch, evaluate, keep the best, stop early
     epochs = tc.epochs if trainable else 1
@@ -122,13 +127,16 @@ def train(
         t0 = time.perf_counter()
         torch.manual_seed(tc.seed * 100_003 + epoch)
         model.train()
-        order = torch.randperm(len(data), device=device)
+        order = distributed.shard(torch.randperm(len(data), device=device), ctx)
+        if ctx.world > 1:  # one permutation on every rank, then each rank its own dropout
+            torch.manual_seed(tc.seed * 100_003 + epoch + 1_000_003 * ctx.rank)
+        size = distributed.local_batch(tc.batch_size, ctx)
         total, steps = 0.0, 0
-        batches = range(0, len(data), tc.batch_size) if trainable else range(0)
+        batches = range(0, len(order), size) if trainable else range(0)
         for i in tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=not progress):
-            b = data.rows(order[i : i + tc.batch_size])
-            assert opt is not None and b.targets is not None
-            loss = batch_loss(model, b, tc.loss, tc.negatives)
+            b = data.rows(order[i : i + size])
+            assert step is not None and opt is not None and b.targets is not None
+            loss = step(b)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -137,38 +145,46 @@ def train(
         train_seconds = time.perf_counter() - t0
         record: dict[str, Any] = {
             "epoch": epoch,
-            "loss": total / max(steps, 1),
+            "loss": distributed.mean(total / max(steps, 1), ctx),
             "train_seconds": train_seconds,
         }
         if epoch % tc.eval_every == 0 or epoch == epochs:
-            metrics = evaluate(model, ds, "valid", info.max_len, run.eval, device)
+            metrics = distributed.evaluate(model, ds, "valid", info.max_len, run.eval, ctx)
             record["valid"] = metrics
             if metrics[MONITOR] > state["best"]:
                 state.update(best=metrics[MONITOR], best_epoch=epoch, bad=0)
-                save_tensors(out / "model.pt", model.state_dict())
+                if ctx.main:
+                    save_tensors(out / "model.pt", model.state_dict())
             else:
                 state["bad"] += 1
         record["seconds"] = time.perf_counter() - t0
         state.update(epoch=epoch, seconds=time.perf_counter() - start_time)
-        with open(log_path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if ctx.main:  # one writer: every rank holds the same state
+            with open(log_path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            save_tensors(
+                out / "trainer_state.pt",
+                {
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict() if opt else {},
+                    **state,
+                },
+            )
         if progress:
             shown = f" valid {MONITOR} {record['valid'][MONITOR]:.4f}" if "valid" in record else ""
             tqdm.write(
                 f"epoch {epoch:3d}  loss {record['loss']:.4f}{shown}  {record['seconds']:.1f}s"
             )
-        save_tensors(
-            out / "trainer_state.pt",
-            {"model": model.state_dict(), "optimizer": opt.state_dict() if opt else {}, **state},
-        )
         if on_epoch is not None:
             on_epoch(record)
         if state["bad"] >= tc.patience:
             break
-        if tc.max_minutes and (time.perf_counter() - start_time) / 60 >= tc.max_minutes:
+        elapsed = (time.perf_counter() - start_time) / 60
+        if tc.max_minutes and distributed.anyone(elapsed >= tc.max_minutes, ctx):
             break
 
     # ---- final: the best weights on validation and test
+    distributed.barrier(ctx)  # rank 0's model.pt and log are complete
     best, _, _ = load_model(out, device)
     log = (
         [json.loads(line) for line in log_path.read_text().splitlines()]
@@ -179,8 +195,8 @@ def train(
     result = {
         "model": run.model_name,
         "dataset": ds.name,
-        "valid": evaluate(best, ds, "valid", info.max_len, run.eval, device),
-        "test": evaluate(best, ds, "test", info.max_len, run.eval, device),
+        "valid": distributed.evaluate(best, ds, "valid", info.max_len, run.eval, ctx),
+        "test": distributed.evaluate(best, ds, "test", info.max_len, run.eval, ctx),
         "best_epoch": state["best_epoch"],
         "epochs": state["epoch"],
         "seconds_per_epoch": float(np.mean(train_secs)) if train_secs else 0.0,
@@ -189,6 +205,7 @@ def train(
         "model_bytes": (out / "model.pt").stat().st_size,
         "command": command,
         "device": str(device),
+        "processes": ctx.world,
         "protocol": {
             "split": "leave-one-out (last = test, second last = valid)",
             "ranking": "full catalogue",
@@ -198,5 +215,6 @@ def train(
             "max_len": info.max_len,
         },
     }
-    write_json(out / "metrics.json", result)
+    if ctx.main:
+        write_json(out / "metrics.json", result)
     return result

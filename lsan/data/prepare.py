@@ -34,7 +34,17 @@ from lsan.data.synthetic import SyntheticConfig, generate
 from lsan.digest import file_digest
 
 PREP_VERSION = 2  # bump when preparation changes, to invalidate caches
-DATASETS = (*REAL_DATASETS, "synthetic")
+# Generated datasets: the default (seconds to build) and a 1M-item catalogue for scale runs:
+# 5.8M interactions of 2,000 users with uniform popularity, so that with data.min_count=1
+# 1,007,984 distinct items occur (a catalogue holds only items that occur); 2-3 minutes to
+# generate on one core, then cached like any other.
+SYNTHETIC = {
+    "synthetic": SyntheticConfig(),
+    "synthetic-1m": SyntheticConfig(
+        users=2000, items=1_130_000, categories=1000, mean_length=2800, popularity=0.0
+    ),
+}
+DATASETS = (*REAL_DATASETS, *SYNTHETIC)
 DEFAULT_MAX_LEN = {"ml-1m": 200}  # every other dataset: 50
 
 
@@ -194,7 +204,8 @@ _ARRAYS = (
 
 def _save(ds: SeqDataset, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
+    # one temporary file per process: concurrent writers (torchrun ranks) never share it
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
     meta = {
         k: getattr(ds, k) for k in ("name", "category_names", "slot_rule", "category_rule", "stats")
     }
@@ -215,9 +226,9 @@ def load_dataset(
     """Prepared dataset `name`, from the cache when the raw files and options are unchanged."""
     if name not in DATASETS:
         raise DataError(f"unknown dataset '{name}' (known: {', '.join(DATASETS)})")
-    if name == "synthetic":
-        gen = SyntheticConfig()
-        key_src = f"{PREP_VERSION}|synthetic|{gen}|{min_count}"
+    if name in SYNTHETIC:
+        gen = SYNTHETIC[name]
+        key_src = f"{PREP_VERSION}|{name}|{gen}|{min_count}"
         raw = None
     else:
         raw = read_dataset(name, data_root(data_dir))

@@ -29,7 +29,19 @@ class SyntheticConfig:
     markov_prob: float = (
         0.85  # chance the next category is one of the current category's successors
     )
+    popularity: float = 1.1  # Zipf exponent of item popularity inside a category (0 = uniform)
     seed: int = 7  # generator seed
+
+
+def _cdf(p: np.ndarray) -> np.ndarray:
+    """The normalised cumulative sum that rng.choice(values, p=p) builds on every call."""
+    c = np.cumsum(p)
+    return c / c[-1]
+
+
+def _pick(rng: np.random.Generator, values: np.ndarray, cdf: np.ndarray) -> np.int64:
+    """rng.choice(values, p=p) with cdf = _cdf(p) built once: the same draw, >10x faster."""
+    return values[cdf.searchsorted(rng.random(), side="right")]
 
 
 def generate(cfg: SyntheticConfig = SyntheticConfig()) -> RawData:
@@ -39,13 +51,18 @@ def generate(cfg: SyntheticConfig = SyntheticConfig()) -> RawData:
         np.arange(cfg.items) % n_cat
     )  # category of item i (0-based), none empty
     by_cat = [np.flatnonzero(item_cat == c) for c in range(n_cat)]
-    # Zipf popularity inside each category.
-    pop = [1.0 / np.arange(1, len(ix) + 1) ** 1.1 for ix in by_cat]
-    pop = [p / p.sum() for p in pop]
+    # Zipf popularity inside each category (exponent cfg.popularity).
+    pop = [1.0 / np.arange(1, len(ix) + 1) ** cfg.popularity for ix in by_cat]
+    pop_cdf = [_cdf(p / p.sum()) for p in pop]
     by_cat = [rng.permutation(ix) for ix in by_cat]
     # Category successors, split by the time of day they favour.
     succ = np.stack([rng.choice(n_cat, size=3, replace=False) for _ in range(n_cat)])  # (C, 3)
     night = rng.random(n_cat) < 0.5  # category profile: True = favoured at night
+    # successor-category draw by time of day (successors of the same profile weigh 4x)
+    succ_cdf = {
+        is_night: [_cdf(w / w.sum()) for w in np.where(night[succ] == is_night, 4.0, 1.0)]
+        for is_night in (False, True)
+    }
     # Item-level successor: a popular item of one of the category's successors.
     item_succ = np.empty(cfg.items, dtype=np.int64)
     for i in range(cfg.items):
@@ -75,12 +92,10 @@ def generate(cfg: SyntheticConfig = SyntheticConfig()) -> RawData:
                 cur = item_succ[cur]
                 continue
             if rng.random() < cfg.markov_prob:
-                cands = succ[item_cat[cur]]
-                weight = np.where(night[cands] == is_night, 4.0, 1.0)
-                c = rng.choice(cands, p=weight / weight.sum())
+                c = _pick(rng, succ[item_cat[cur]], succ_cdf[is_night][item_cat[cur]])
             else:
                 c = rng.integers(n_cat)
-            cur = rng.choice(by_cat[c], p=pop[c])
+            cur = _pick(rng, by_cat[c], pop_cdf[c])
     return RawData(
         users=np.asarray(users, dtype=np.int64),
         items=np.asarray(items, dtype=np.int64),
