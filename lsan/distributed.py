@@ -83,8 +83,15 @@ def setup(device: torch.device) -> Context:
     if not dist.is_initialized():
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
-        atexit.register(dist.destroy_process_group)
+        atexit.register(_shutdown)
     return Context(device, dist.get_rank(), dist.get_world_size())
+
+
+def _shutdown() -> None:
+    """Leave the group together: a rank tearing gloo down while a peer still talks aborts it."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def local_batch(batch_size: int, ctx: Context) -> int:
