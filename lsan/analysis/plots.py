@@ -32,11 +32,25 @@ def _matrix_row(fig: Figure, axes, matrices: list[np.ndarray], titles: list[str]
     fig.colorbar(im, ax=list(axes), shrink=0.8)
 
 
+def _name(r: ModelAttention, results: list[ModelAttention]) -> str:
+    """The model's label, with its dataset when the results span several."""
+    return r.label if len({x.dataset for x in results}) == 1 else f"{r.label}, {r.dataset}"
+
+
 def heatmaps(results: list[ModelAttention], path: Path) -> Path:
-    """Figure 1: mean last-layer attention over the most recent positions, one panel per model."""
-    fig = Figure(figsize=(3.2 * len(results) + 1, 3.4), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(results)))
-    _matrix_row(fig, axes, [r.heat for r in results], [r.label for r in results])
+    """Figure 1: mean last-layer attention over the most recent positions; a row per dataset."""
+    rows = [
+        [r for r in results if r.dataset == d] for d in dict.fromkeys(r.dataset for r in results)
+    ]
+    cols = max(len(row) for row in rows)
+    fig = Figure(figsize=(3.2 * cols + 1, 3.4 * len(rows)), layout="constrained")
+    axes = np.asarray(fig.subplots(len(rows), cols)).reshape(len(rows), cols)
+    for row, row_axes in zip(rows, axes, strict=True):
+        _matrix_row(
+            fig, row_axes[: len(row)], [r.heat for r in row], [_name(r, results) for r in row]
+        )
+        for ax in row_axes[len(row) :]:
+            ax.set_axis_off()
     fig.savefig(path, dpi=DPI)
     return path
 
@@ -45,10 +59,10 @@ def reconstructions(results: list[ModelAttention], path: Path, k: int = 5) -> Pa
     """Figure 2: the mean matrices (top) and their rank-k SVD reconstructions (bottom)."""
     fig = Figure(figsize=(3.2 * len(results) + 1, 6.4), layout="constrained")
     axes = np.asarray(fig.subplots(2, len(results))).reshape(2, len(results))
-    _matrix_row(fig, axes[0], [r.heat for r in results], [r.label for r in results])
+    _matrix_row(fig, axes[0], [r.heat for r in results], [_name(r, results) for r in results])
     _matrix_row(
         fig, axes[1], [low_rank(r.heat, k).clip(min=0.0) for r in results],
-        [f"{r.label}, rank {k}" for r in results],
+        [f"{_name(r, results)}, rank {k}" for r in results],
     )  # fmt: skip
     fig.savefig(path, dpi=DPI)
     return path
@@ -59,7 +73,7 @@ def spectra(results: list[ModelAttention], path: Path) -> Path:
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     for r in results:
-        ax.plot(np.arange(1, len(r.spectrum) + 1), r.spectrum, marker=".", label=r.label)
+        ax.plot(np.arange(1, len(r.spectrum) + 1), r.spectrum, marker=".", label=_name(r, results))
     ax.set_xlabel("singular value index")
     ax.set_ylabel("s_i / s_1 (mean over users, layers, heads)")
     ax.legend()
@@ -75,7 +89,7 @@ def locality(results: list[ModelAttention], path: Path) -> Path:
     ax = fig.subplots()
     for r in results:
         d, share = r.locality_curve()
-        ax.plot(d, share, marker=".", label=r.label)
+        ax.plot(d, share, marker=".", label=_name(r, results))
     ax.set_xlabel("distance (query position - key position)")
     ax.set_ylabel("share of attention (mean over queries)")
     ax.legend()
