@@ -68,32 +68,33 @@ def reconstructions(results: list[ModelAttention], path: Path, k: int = 5) -> Pa
     return path
 
 
-def spectra(results: list[ModelAttention], path: Path) -> Path:
-    """Figure 3: mean singular values (each matrix divided by its largest), in descending order."""
+def _curves(path: Path, lines: list[tuple[str, np.ndarray, np.ndarray]], x: str, y: str) -> Path:
+    """One line plot of labelled (xs, ys) curves."""
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
-    for r in results:
-        ax.plot(np.arange(1, len(r.spectrum) + 1), r.spectrum, marker=".", label=_name(r, results))
-    ax.set_xlabel("singular value index")
-    ax.set_ylabel("s_i / s_1 (mean over users, layers, heads)")
+    for label, xs, ys in lines:
+        ax.plot(xs, ys, marker=".", label=label)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     return path
+
+
+def spectra(results: list[ModelAttention], path: Path) -> Path:
+    """Figure 3: mean singular values (each matrix divided by its largest), in descending order."""
+    lines = [(_name(r, results), np.arange(1, len(r.spectrum) + 1), r.spectrum) for r in results]
+    return _curves(
+        path, lines, "singular value index", "s_i / s_1 (mean over users, layers, heads)"
+    )
 
 
 def locality(results: list[ModelAttention], path: Path) -> Path:
     """Mean share of a query's attention at each distance query - key (> 0: older keys)."""
-    fig = Figure(figsize=(6, 4))
-    ax = fig.subplots()
-    for r in results:
-        d, share = r.locality_curve()
-        ax.plot(d, share, marker=".", label=_name(r, results))
-    ax.set_xlabel("distance (query position - key position)")
-    ax.set_ylabel("share of attention (mean over queries)")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    return path
+    lines = [(_name(r, results), *r.locality_curve()) for r in results]
+    return _curves(
+        path, lines, "distance (query position - key position)",
+        "share of attention (mean over queries)",
+    )  # fmt: skip
