@@ -193,3 +193,17 @@ def test_score_all_pad_column_for_ae():
     b = train_batch(b=4)
     scores = model.score_all(b.items, b.cats, b.slots)
     assert scores.shape == (4, INFO.num_items + 1) and (scores[:, 0] <= NEG / 2).all()
+
+
+def test_ssept_switches_to_cloze_with_users():
+    info = DataInfo(num_items=40, num_categories=6, num_slots=26, max_len=12, num_users=64)
+    model = build_model("ssept", model_config("ssept", {"dim": 8, "user_dim": 8,
+                                                        "attention": "bidirectional"}), info)  # fmt: skip
+    assert is_autoencoding(model)
+    b = train_batch(b=64)
+    b.users = torch.arange(64)
+    torch.manual_seed(0)
+    assert torch.isfinite(batch_loss(model, b))
+    model.eval()
+    scores = model.score_all(b.items, b.cats, b.slots, users=b.users)
+    assert scores.shape == (64, 41) and (scores[:, 0] <= NEG / 2).all()

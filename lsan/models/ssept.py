@@ -1,8 +1,8 @@
 """SSE-PT: a personalized transformer with stochastic shared embeddings (Wu et al., 2020).
 
 Design choices:
-- SASRec's causal pre-LN transformer (lsan.models.layers blocks, learned absolute positions,
-  final layer norm) whose input at each position is [item embedding ; user embedding], so the
+- SASRec's pre-LN transformer (lsan.models.layers blocks, learned absolute positions, final
+  layer norm; causal by default, AE with `attention` as every attention model) whose input at each position is [item embedding ; user embedding], so the
   blocks are dim + user_dim wide;
 - Stochastic Shared Embeddings, the paper's regulariser, in training mode only: with probability
   `sse_user` the user id of a sequence is replaced by a uniformly random user, and with
@@ -33,6 +33,7 @@ from lsan.models.layers import (
     init_weights,
     next_item_loss,
 )
+from lsan.models.objectives import inference_inputs, is_autoencoding, mask_token, with_mask_token
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class SSEPTConfig:
     ffn_mult: int = 1  # feed-forward hidden size = ffn_mult * (dim + user_dim)
     sse_user: float = 0.92  # training: probability of replacing a row's user by a random one
     sse_item: float = 0.1  # training: probability of replacing each input item by a random one
+    attention: str = "causal"  # causal (AR, next item) or bidirectional / local (AE, Cloze)
+    window: int = 3  # local attention reach (attention = local only)
+    mask_prob: float = 0.2  # Cloze masking probability (AE only)
     init_std: float = 0.02  # std of the normal initialisation
 
 
@@ -65,7 +69,10 @@ class SSEPT(nn.Module):
             TransformerBlock(width, cfg.heads, cfg.dropout, cfg.ffn_mult) for _ in range(cfg.layers)
         )
         self.ln = nn.LayerNorm(width)
+        self.mask_emb = nn.Parameter(torch.zeros(cfg.dim)) if is_autoencoding(self) else None
         init_weights(self, cfg.init_std)
+        if self.mask_emb is not None:
+            nn.init.normal_(self.mask_emb, 0.0, cfg.init_std)
 
     def shared_embeddings(
         self, items: torch.Tensor, users: torch.Tensor
@@ -73,9 +80,8 @@ class SSEPT(nn.Module):
         """SSE: random users and items in place of some true ones (uses the global torch RNG)."""
         swap_user = torch.rand(users.shape, device=users.device) < self.cfg.sse_user
         users = torch.where(swap_user, torch.randint_like(users, self.info.num_users), users)
-        swap_item = (torch.rand(items.shape, device=items.device) < self.cfg.sse_item) & (
-            items != PAD
-        )
+        real = (items != PAD) & (items != mask_token(self))  # [MASK] stays a mask
+        swap_item = (torch.rand(items.shape, device=items.device) < self.cfg.sse_item) & real
         random_items = torch.randint_like(items, 1, self.info.num_items + 1)
         return torch.where(swap_item, random_items, items), users
 
@@ -89,9 +95,13 @@ class SSEPT(nn.Module):
         pos = torch.arange(self.info.max_len - t, self.info.max_len, device=items.device)
         keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
         u = self.user_emb(users)[:, None].expand(-1, t, -1)  # (B, T, user_dim)
-        x = torch.cat([self.item_emb(items), u], dim=-1)  # (B, T, dim + user_dim)
+        emb = self.item_emb(items) if self.mask_emb is None else with_mask_token(
+            self.item_emb, items, self.mask_emb, mask_token(self)
+        )  # fmt: skip
+        x = torch.cat([emb, u], dim=-1)  # (B, T, dim + user_dim)
         x = self.drop(x + self.pos_emb(pos)[None]) * keep
-        x, _ = apply_blocks(self.blocks, x, keep, attention_mask(items, "causal"))
+        mask = attention_mask(items, self.cfg.attention, self.cfg.window)
+        x, _ = apply_blocks(self.blocks, x, keep, mask)
         return self.ln(x)
 
     def item_scores(self, h: torch.Tensor) -> torch.Tensor:
@@ -107,5 +117,8 @@ class SSEPT(nn.Module):
 
     def score_all(self, items, cats=None, slots=None, users=None) -> torch.Tensor:
         """Next-item scores after the last position: (B, |V|+1), padding column = NEG."""
+        if cats is None or slots is None:
+            cats = slots = torch.zeros_like(items)
+        items, cats, slots = inference_inputs(self, items, cats, slots)
         scores = self.item_scores(self(items, cats, slots, users)[:, -1])
         return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
