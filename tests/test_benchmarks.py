@@ -142,3 +142,17 @@ def test_bad_flags_are_one_error_line(tmp_path, capsys):
     assert "unknown section speed" in capsys.readouterr().err
     assert main(["--checkpoints", str(tmp_path / "none"), "--name", "x", "--quick"]) == 2
     assert "not a checkpoint" in capsys.readouterr().err
+
+
+def test_train_speed_times_every_run(tmp_path, capsys):
+    from benchmarks.train_speed import main as speed_main
+
+    out = tmp_path / "speed.json"
+    assert speed_main(["--dataset", "synthetic", "--runs", "sasrec", "lsan:model.train_scores=matrix",
+                       "--set", "model.dim=8", "--steps", "2", "--batch-size", "32",
+                       "--out", str(out)]) == 0  # fmt: skip
+    record = json.loads(out.read_text())
+    assert [r["run"] for r in record["rows"]] == ["sasrec", "lsan:model.train_scores=matrix"]
+    assert all(r["ms/step (median)"] > 0 for r in record["rows"])
+    assert record["environment"]["command"].startswith("python -m benchmarks.train_speed")
+    assert "vs sasrec" in capsys.readouterr().out

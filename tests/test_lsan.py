@@ -171,3 +171,27 @@ def test_compositional_is_much_smaller_than_full():
     )
     full, m2, bal = count("lsan_full"), count("lsan", m1=2), count("lsan", m1=0)
     assert m2 < 0.65 * full and bal < 0.25 * full
+
+
+def test_matrix_training_scores_give_the_factorised_loss():
+
+    info = DataInfo(num_items=97, num_categories=5, num_slots=9, max_len=10)
+    torch.manual_seed(0)
+    fact = build_model("lsan", model_config("lsan", {"dim": 16, "m1": 3}), info).eval()
+    mat = build_model(
+        "lsan", model_config("lsan", {"dim": 16, "m1": 3, "train_scores": "matrix"}), info
+    ).eval()
+    mat.load_state_dict(fact.state_dict())
+    with torch.no_grad():
+        for p in fact.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        mat.load_state_dict(fact.state_dict())
+    items = torch.randint(1, 98, (4, 10))
+    items[0, :4] = 0
+    targets = torch.roll(items, -1, 1).masked_fill(items == 0, 0)
+    a = fact.loss(items, items % 5, items % 9, targets)
+    b = mat.loss(items, items % 5, items % 9, targets)
+    assert torch.allclose(a, b, atol=1e-5)
+    bad = build_model("lsan", model_config("lsan", {"dim": 16, "train_scores": "dense"}), info)
+    with pytest.raises(ValueError, match="train_scores"):
+        bad.loss(items, items % 5, items % 9, targets)

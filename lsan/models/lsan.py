@@ -19,6 +19,10 @@ Design choices (the paper gives the design, no code; where it is silent the choi
   residuals around both, dropout, a final layer norm. `conv = False` drops the conv branch.
 - Prediction through the same base tables without building the |V| x D matrix:
   score(v) = sum_n w[v, n] (h . E_n)[code_n(v)] + b[v] (see CompositionalEmbedding.scores).
+- Training may score through the explicit matrix instead (`train_scores = "matrix"`): the same
+  numbers (a test checks it), built from the base tables once per step and used in one matmul.
+  On a CPU at D = 64 that is about 2x faster than the factorised path, whose element-wise work
+  over |V| per position is memory-bound; evaluation and ONNX always use the factorised path.
 - Objective: full-softmax cross-entropy on the next item at every non-padding position; L2 is
   the trainer's weight decay (1e-5 by default, as in the paper).
 """
@@ -119,6 +123,7 @@ class LSANConfig:
     item_weights: bool = (
         True  # per-item output weights + bias (N+1 numbers/item); off collapses accuracy
     )
+    train_scores: str = "factorised"  # training softmax: factorised, or matrix (see docstring)
     use_category: bool = True  # category context (item t-1 and item t) in fusion and injection
     use_time: bool = True  # time-slot context (the paper's temporal ablation turns this off)
     heads: int = 2  # heads per branch (H self-attention + H convolution)
@@ -216,9 +221,19 @@ class LSAN(nn.Module):
         return self.items.score_ids(h, ids)
 
     def loss(self, items, cats, slots, targets) -> torch.Tensor:
-        # training scores the whole code grid (ids past the catalogue score NEG): no slicing copy
-        score = self.items.grid_scores if self.items is not None else self.item_scores
-        return next_item_loss(self(items, cats, slots), targets, score)
+        h = self(items, cats, slots)
+        if self.items is None:
+            return next_item_loss(h, targets, self.item_scores)
+        if self.cfg.train_scores == "matrix":  # one |V| x D matrix per step, one matmul
+            table = self.items.matrix()
+            bias = self.items.item_bias
+            return next_item_loss(h, targets, lambda x: x @ table.T + (0 if bias is None else bias))
+        if self.cfg.train_scores != "factorised":
+            raise ValueError(
+                f"train_scores must be factorised or matrix, got {self.cfg.train_scores!r}"
+            )
+        # the whole code grid (ids past the catalogue score NEG): no slicing copy
+        return next_item_loss(h, targets, self.items.grid_scores)
 
     def score_all(self, items, cats, slots) -> torch.Tensor:
         h = self(*inference_inputs(self, items, cats, slots))[:, -1]
