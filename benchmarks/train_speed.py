@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/train-speed.json")
     args = ap.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1:
+        ap.error("--steps and --batch-size must be at least 1")
     torch.set_num_threads(args.threads)
     ds = load_dataset(args.dataset, args.data_dir, "", DataConfig.min_count)
     max_len = default_max_len(ds.name)

@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from lsan.checkpoint import read_metrics
+from lsan.checkpoint import read_config, read_metrics
 from lsan.config import RunConfig
 from lsan.report import collect, write_report
 from lsan.tables import markdown_table
@@ -85,7 +85,8 @@ def compare(
         print(f"{key}: training into {ckpt}")
         train(run, ckpt, resume=True, progress=progress, ds=ds, command=command)
     rows = collect([out / key for key in runs])
-    table_rows = comparison_rows(rows, list(runs.values()))
+    saved = [read_config(out / key)[0] for key in runs]  # what each checkpoint really is
+    table_rows = comparison_rows(rows, saved)
     columns = ["run", "mode", *METRICS, "params", "s/epoch", "epochs"]
     table = markdown_table(table_rows, columns)
     jpath, mpath = write_report(rows, name, results, command, extra={"table": table_rows})

@@ -116,6 +116,16 @@ def apply(base: RunConfig, params: dict[str, Any]) -> RunConfig:
     return replace(run, model=model_config(run.model_name, model_values))
 
 
+def check(base: RunConfig, space: SearchSpace) -> None:
+    """Fail before starting Ray on settings no trial could use (unknown keys, wrong types)."""
+    for key, spec in space.params.items():
+        values = next(iter(spec.values())) if isinstance(spec, dict) else [spec]
+        if isinstance(spec, dict) and "loguniform" in spec and min(values) <= 0:
+            raise ConfigError(f"{key}: loguniform bounds must be positive, got {values}")
+        for value in values:
+            apply(base, {key: value})
+
+
 def _model_values(run: RunConfig) -> dict[str, Any]:
     return to_dict(run.model) if run.model is not None else {}
 
@@ -150,9 +160,11 @@ def tune_run(
         raise ConfigError("lsan tune needs Ray Tune: pip install -e '.[tune]'") from None
     from lsan.train import train
 
+    check(base, space)
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if not ray.is_initialized():
+    started = not ray.is_initialized()
+    if started:
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
@@ -180,7 +192,11 @@ def tune_run(
             name="search", storage_path=str(out / "ray"), verbose=1 if progress else 0
         ),
     )
-    results = tuner.fit()
+    try:
+        results = tuner.fit()
+    finally:
+        if started:
+            ray.shutdown()
     rows = []
     for r in (results[i] for i in range(len(results))):
         if r.metrics is None or r.config is None:
@@ -197,8 +213,9 @@ def tune_run(
     ok = [row for row in rows if row[f"best valid {METRIC}"] == row[f"best valid {METRIC}"]]
     if not ok:
         raise RuntimeError(f"no trial finished an epoch; see the Ray logs in {out / 'ray'}")
-    rows.sort(key=lambda row: -row[f"best valid {METRIC}"])
-    best_params = {k: rows[0][k] for k in space.params}
+    ok.sort(key=lambda row: -row[f"best valid {METRIC}"])
+    rows = ok + [row for row in rows if row not in ok]  # failed trials last
+    best_params = {k: ok[0][k] for k in space.params}
     best_run = apply(base, best_params)
     (out / "best.json").write_text(
         json.dumps({"params": best_params, "run": to_dict(best_run)}, indent=2, default=str)

@@ -23,36 +23,44 @@ INFO = DataInfo(num_items=40, num_categories=6, num_slots=26, max_len=12)
 MASK = INFO.num_items + 1
 
 
-def train_batch(b=64, t=12, seed=0):
+def train_batch(b=64, t=12, seed=0, full_out=False):
+    """A next-item batch laid out like lsan.data.batching.train_tensors (from full sequences)."""
     g = torch.Generator().manual_seed(seed)
-    seq = torch.randint(1, INFO.num_items + 1, (b, t), generator=g)
-    seq[0, :7] = PAD
-    seq[1, :11] = PAD  # one real item
-    cats = torch.randint(2, INFO.num_categories, (b, t), generator=g) * (seq != PAD)
-    slots = torch.randint(2, INFO.num_slots, (b, t), generator=g) * (seq != PAD)
-    items = torch.roll(seq, 1, 1).masked_fill(seq == PAD, PAD)
-    return SeqTensors(items, cats, slots, targets=seq, next_cats=cats, next_slots=slots)
+    full = torch.randint(1, INFO.num_items + 1, (b, t + 1), generator=g)
+    full[0, :7] = PAD
+    full[1, :11] = PAD  # two items: one input, one target
+    cats = (full % 4 + 2) * (full != PAD)
+    slots = (full % 7 + 2) * (full != PAD)
+    targets = torch.where(full[:, :-1] != PAD, full[:, 1:], PAD)  # the first item is no target
+    batch = SeqTensors(full[:, :-1], cats[:, :-1], slots[:, :-1], targets=targets,
+                       next_cats=cats[:, 1:] * (targets != PAD), next_slots=slots[:, 1:] * (targets != PAD))  # fmt: skip
+    return (batch, full, cats, slots) if full_out else batch
 
 
 def test_cloze_masks_real_items_only_and_at_least_one_per_row():
     torch.manual_seed(0)
-    b = train_batch()
+    b, full, cats, slots = train_batch(full_out=True)
     c = cloze_batch(b, 0.3, MASK)
+    seq = full[:, 1:]  # the whole training part, first item included, last max_len of it
+    assert (b.targets[0] != seq[0]).any()  # the first item is no next-item target ...
     masked = c.items == MASK
-    assert not (masked & (b.targets == PAD)).any()  # padding is never masked
-    assert masked.any(1).all()  # every row predicts something (row 1 has a single item)
+    assert not (masked & (seq == PAD)).any()  # padding is never masked
+    assert masked.any(1).all()  # every row predicts something (row 1 has two items)
     assert torch.equal(c.targets != PAD, masked)  # targets exactly at masked positions
-    assert torch.equal(c.targets[masked], b.targets[masked])  # ... holding the original items
-    assert torch.equal(c.items[~masked], b.targets[~masked])  # everything else untouched
+    assert torch.equal(c.targets[masked], seq[masked])  # ... holding the original items
+    assert torch.equal(c.items[~masked], seq[~masked])  # ... but Cloze sees and predicts it
     assert (c.cats[masked] == UNKNOWN).all()  # a masked item's category would give it away
-    rate = masked.sum() / (b.targets != PAD).sum()
+    assert torch.equal(c.cats[~masked], cats[:, 1:][~masked])
+    previous = torch.cat([slots[:, 1:2], slots[:, 1:-1]], dim=1)
+    assert torch.equal(c.slots[masked], previous[masked])  # the mask's slot: the one before
+    rate = masked.sum() / (seq != PAD).sum()
     assert 0.25 < rate < 0.4
 
 
 def test_cloze_rate_follows_mask_prob():
     torch.manual_seed(1)
     b = train_batch(b=256)
-    real = (b.targets != PAD).sum()
+    real = (cloze_batch(b, 0.0, MASK).items != PAD).sum()
     low = (cloze_batch(b, 0.1, MASK).items == MASK).sum() / real
     high = (cloze_batch(b, 0.6, MASK).items == MASK).sum() / real
     assert low < 0.2 < 0.5 < high

@@ -138,3 +138,19 @@ def test_failed_check_refuses_unless_forced(checkpoints, small_ds, tmp_path):
     meta = export(checkpoints["sasrec"], tmp_path / "a", quant="int8", max_drop=-1.0, force=True, ds=small_ds,
                   log=lambda *_: None)  # fmt: skip
     assert meta["verification_problems"] and (tmp_path / "a" / "model.onnx").is_file()
+
+
+def test_ae_artifact_matches_pytorch_at_every_length(small_ds, tmp_path):
+    """An AE model appends [MASK] and drops the oldest item only at max_len: in ONNX too."""
+    ck = train_tiny("bert4rec", {"dim": 16, "layers": 1}, small_ds, tmp_path / "ck", epochs=1)
+    export(ck, tmp_path / "art", quant="fp32", k=20, ds=small_ds, log=lambda *_: None)
+    model, _, info = load_model(ck)
+    sess = ort.InferenceSession(
+        str(tmp_path / "art" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    for length in (5, info.max_len):
+        x = example_inputs(info, batch=4, length=length, seed=length)
+        with torch.no_grad():
+            _, ref, _ = InferenceGraph(model, 20)(*x)
+        (scores,) = sess.run(["top_scores"], feeds(*x))
+        assert np.allclose(scores, ref.numpy(), atol=1e-4), length

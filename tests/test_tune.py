@@ -7,7 +7,7 @@ import pytest
 from lsan.cli import main
 from lsan.config import ConfigError, RunConfig
 from lsan.models import model_config
-from lsan.tune import apply, read_space
+from lsan.tune import apply, check, read_space
 
 SPACE = """
 max_epochs = 2
@@ -40,6 +40,12 @@ def test_space_file_is_validated(tmp_path):
             read_space(bad)
     with pytest.raises(ConfigError, match="not found"):
         read_space(tmp_path / "missing.toml")
+    base = RunConfig(model_name="sasrec", model=model_config("sasrec"))
+    for text, message in [('[params]\n"model.dimm" = { choice = [8] }\n', "unknown setting"),
+                          ('[params]\n"train.lr" = { loguniform = [0, 1] }\n', "positive")]:  # fmt: skip
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            check(base, read_space(bad))
 
 
 def test_apply_coerces_dotted_params_like_set():
@@ -73,7 +79,9 @@ def test_two_trial_search_finishes_and_retrains_the_best(small_ds, tmp_path, mon
     assert all(t["model.dim"] in (8, 16) and 1e-3 <= t["train.lr"] <= 1e-2 for t in trials)
     assert all(0 < t["best valid NDCG@10"] <= 1 and 1 <= t["epochs"] <= 2 for t in trials)
     best = json.loads((out / "best.json").read_text())
-    assert best["params"]["model.dim"] == trials[0]["model.dim"]  # sorted best first
+    scores = [t["best valid NDCG@10"] for t in trials]
+    assert scores == sorted(scores, reverse=True)  # best first
+    assert best["params"]["model.dim"] == trials[0]["model.dim"]
     assert best["run"]["model"]["dim"] == trials[0]["model.dim"]
     metrics = json.loads((out / "best" / "metrics.json").read_text())
     assert metrics["test"]["users"] == small_ds.num_users

@@ -102,6 +102,9 @@ class HFRecommender(TiedScores, nn.Module):
         if self.mask_emb is not None:
             nn.init.normal_(self.mask_emb, 0.0, cfg.init_std)
         self.backbone = backbone(cfg, info.max_len)
+        # items enter as inputs_embeds: the backbone's own token table is never used; frozen, so
+        # DDP (which requires every trainable parameter to get a gradient) accepts the model
+        self.backbone.get_input_embeddings().requires_grad_(False)  # type: ignore[operator]
 
     def forward(self, items, cats=None, slots=None, return_weights: bool = False):
         """Hidden state per position (B, T, D); with return_weights also per-layer attention."""

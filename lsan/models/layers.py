@@ -276,7 +276,7 @@ class CompositionalEmbedding(nn.Module):
         return total
 
     def matrix(self) -> torch.Tensor:
-        """The explicit (|V|+1, D) output matrix; for tests and analysis only (never on a hot path)."""
+        """The explicit (|V|+1, D) output matrix (tests, and LSAN's optional matrix training softmax)."""
         codes = mixed_radix(torch.arange(self.num_ids, device=self.tables[0].device), self.sizes)
         rows = [t[codes[:, n]] for n, t in enumerate(self.tables)]  # N x (|V|+1, D)
         if self.item_weights is not None:

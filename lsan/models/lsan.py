@@ -158,6 +158,8 @@ class LSAN(nn.Module):
     def __init__(self, cfg: LSANConfig, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
+        if cfg.train_scores not in ("factorised", "matrix"):
+            raise ValueError(f"train_scores must be factorised or matrix, got {cfg.train_scores!r}")
         self.items: CompositionalEmbedding | None
         self.item_emb: nn.Embedding | None
         if cfg.full_table:

@@ -60,20 +60,25 @@ def with_mask_token(
 def cloze_batch(b: SeqTensors, prob: float, mask: int) -> SeqTensors:
     """A Cloze training batch from a next-item batch (uses the global torch RNG).
 
-    The sequence is the training part itself (`targets`, with its own categories and slots);
-    each real item is masked with probability `prob`, and a row with none masked masks its last
-    item, which is also the inference task.
+    The sequence is the whole training part, the inputs plus the last target (the last max_len
+    of them); each real item is masked with probability `prob`, and a row with none masked
+    masks its last item, which is also the inference task. A masked position gets category
+    UNKNOWN and the previous position's time slot, as the appended [MASK] does at inference.
     """
     assert b.targets is not None and b.next_cats is not None and b.next_slots is not None
-    seq = b.targets
+    t = b.items.shape[1]
+    seq = torch.cat([b.items, b.targets[:, -1:]], dim=1)[:, -t:]
+    cats = torch.cat([b.cats, b.next_cats[:, -1:]], dim=1)[:, -t:]
+    slots = torch.cat([b.slots, b.next_slots[:, -1:]], dim=1)[:, -t:]
     real = seq != PAD
     chosen = (torch.rand(seq.shape, device=seq.device) < prob) & real
     none = ~chosen.any(1) & real[:, -1]
     chosen[:, -1] |= none
+    previous = torch.cat([slots[:, :1], slots[:, :-1]], dim=1)
     return SeqTensors(
         items=seq.masked_fill(chosen, mask),
-        cats=b.next_cats.masked_fill(chosen, UNKNOWN),
-        slots=b.next_slots,
+        cats=cats.masked_fill(chosen, UNKNOWN),
+        slots=torch.where(chosen, previous, slots),
         targets=seq.masked_fill(~chosen, PAD),
         users=b.users,
     )
@@ -84,16 +89,17 @@ def inference_inputs(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """What the model reads to score the next item: the history, or for AE history + [MASK].
 
-    The AE input grows by one position, dropping the oldest item only at the model's max_len.
+    The AE input grows by one position, dropping the oldest item only at the model's max_len
+    (by slicing, so an exported graph does the same at every length).
     """
     if not is_autoencoding(model):
         return items, cats, slots
-    start = 1 if items.shape[1] >= int(model.info.max_len) else 0
+    n = int(model.info.max_len)
     m = torch.full_like(items[:, :1], mask_token(model))
     return (
-        torch.cat([items[:, start:], m], dim=1),
-        torch.cat([cats[:, start:], torch.full_like(cats[:, :1], UNKNOWN)], dim=1),
-        torch.cat([slots[:, start:], slots[:, -1:]], dim=1),
+        torch.cat([items, m], dim=1)[:, -n:],
+        torch.cat([cats, torch.full_like(cats[:, :1], UNKNOWN)], dim=1)[:, -n:],
+        torch.cat([slots, slots[:, -1:]], dim=1)[:, -n:],
     )
 
 
@@ -120,6 +126,8 @@ def batch_loss(model: Any, b: SeqTensors, loss: str = "ce", negatives: int = 100
     """The training loss of one batch: Cloze for AE models, next item for AR; `loss` as above."""
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r} (known: {', '.join(LOSSES)})")
+    if loss != "ce" and negatives < 1:
+        raise ValueError(f"train.negatives must be at least 1 for loss {loss}, got {negatives}")
     if is_autoencoding(model):
         b = cloze_batch(b, float(model.cfg.mask_prob), mask_token(model))
     kw = {"users": b.users} if uses_users(model) else {}
@@ -129,6 +137,6 @@ def batch_loss(model: Any, b: SeqTensors, loss: str = "ce", negatives: int = 100
     hidden = model(b.items, b.cats, b.slots, **kw)
     keep = b.targets != PAD
     positives = b.targets[keep]
-    negs = sampled_negatives(positives, model.info.num_items, max(negatives, 1))
+    negs = sampled_negatives(positives, model.info.num_items, negatives)
     ids = torch.cat([positives[:, None], negs], dim=1)
     return sampled_loss(loss, model.score_items(hidden[keep], ids), positives, negs)
