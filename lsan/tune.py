@@ -156,6 +156,7 @@ def tune_run(
         import ray
         from ray import tune
         from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+        from ray.tune.search.basic_variant import BasicVariantGenerator
     except ImportError:
         raise ConfigError("lsan tune needs Ray Tune: pip install -e '.[tune]'") from None
     from lsan.train import train
@@ -186,7 +187,13 @@ def tune_run(
         trainable,
         param_space=ray_space(space),
         tune_config=tune.TuneConfig(
-            metric=METRIC, mode="max", scheduler=scheduler, num_samples=trials
+            metric=METRIC,
+            mode="max",
+            scheduler=scheduler,
+            num_samples=trials,
+            search_alg=BasicVariantGenerator(
+                random_state=base.train.seed
+            ),  # train.seed: same draws
         ),
         run_config=tune.RunConfig(
             name="search", storage_path=str(out / "ray"), verbose=1 if progress else 0
