@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.env import REPO, environment
+from benchmarks.env import REPO, environment, write_record
 from benchmarks.gpu_smoke import peak_rss_bytes
 
 DATASET = "synthetic-1m"
@@ -154,10 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     env |= {"measured_threads": 1, "load_average_end": list(os.getloadavg())}
     record = {"environment": env,
               "dataset": {"name": DATASET, **data}, "results": rows}  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_record(record, args.out)
     return 0
 
 

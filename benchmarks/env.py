@@ -7,6 +7,7 @@ on a shared machine inflate latencies) are stored next to the measurements.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -106,3 +107,12 @@ def environment(command: str) -> dict[str, Any]:
         },
         "load_average_start": list(os.getloadavg()),
     }
+
+
+def write_record(record: dict[str, Any], out: str | Path) -> Path:
+    """Write a benchmark's JSON record (creating its folder) and say where."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path

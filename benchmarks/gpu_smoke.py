@@ -16,7 +16,6 @@ Exit status 0 after a run, 2 when CUDA is asked for (the default) and there is n
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shlex
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.env import REPO, cores, cpuinfo, git_commit
+from benchmarks.env import REPO, cores, cpuinfo, git_commit, write_record
 from lsan.config import DataConfig, EvalConfig, RunConfig, TrainConfig
 from lsan.data.batching import train_tensors
 from lsan.data.prepare import DATASETS, SeqDataset, load_dataset
@@ -160,10 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "dataset": {"name": ds.name, "users": ds.num_users, "items": ds.num_items},
         "results": results,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_record(record, args.out)
     return 0
 
 

@@ -12,17 +12,15 @@ epoch. Writes JSON with the command, git commit and machine (benchmarks/results/
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.env import environment
+from benchmarks.env import environment, write_record
 from lsan.config import DataConfig, merge, parse_sets
 from lsan.data.batching import train_tensors
 from lsan.data.prepare import default_max_len, load_dataset
@@ -93,10 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "benchmarks.train_speed", *(argv or sys.argv[1:])])
     record = {"environment": environment(command), "dataset": ds.name,
               "steps_per_epoch": steps_per_epoch, "threads": args.threads, "rows": rows_out}  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_record(record, args.out)
     return 0
 
 
