@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from conftest import train_tiny
 
+import tests.test_models as test_models
 from export.export import ExportError, export, main
 from lsan.checkpoint import load_model, read_config
 from lsan.config import EvalConfig
@@ -48,12 +49,7 @@ def make(name, info=INFO, **cfg):
 
 
 def batch(b=3, t=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    items = torch.randint(1, INFO.num_items + 1, (b, t), generator=g)
-    items[0, :5] = 0  # left padding in one row
-    cats = torch.randint(2, INFO.num_categories, (b, t), generator=g) * (items != 0)
-    slots = torch.randint(2, INFO.num_slots, (b, t), generator=g) * (items != 0)
-    return items, cats, slots
+    return test_models.batch(b, t, seed, info=INFO)
 
 
 def user_kw(model, users=(0, 1, 2)):

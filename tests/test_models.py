@@ -11,12 +11,12 @@ CAUSAL = [n for n in NEURAL if getattr(model_config(n), "attention", "causal") =
 BIDIRECTIONAL = [n for n in NEURAL if getattr(model_config(n), "attention", "") == "bidirectional"]
 
 
-def batch(b=3, t=12, seed=0):
+def batch(b=3, t=12, seed=0, info=INFO):
     g = torch.Generator().manual_seed(seed)
-    items = torch.randint(1, INFO.num_items + 1, (b, t), generator=g)
+    items = torch.randint(1, info.num_items + 1, (b, t), generator=g)
     items[0, :5] = 0  # left padding in one row
-    cats = torch.randint(2, INFO.num_categories, (b, t), generator=g) * (items != 0)
-    slots = torch.randint(2, INFO.num_slots, (b, t), generator=g) * (items != 0)
+    cats = torch.randint(2, info.num_categories, (b, t), generator=g) * (items != 0)
+    slots = torch.randint(2, info.num_slots, (b, t), generator=g) * (items != 0)
     return items, cats, slots
 
 
@@ -52,8 +52,8 @@ def test_shapes_and_pad_column(name):
     assert loss.ndim == 0 and torch.isfinite(loss)
 
 
-@pytest.mark.parametrize("name", CAUSAL)
-def test_causal_outputs_ignore_later_items(name):
+def outputs_before_after_change(name):
+    """Hidden states of a batch, and of the same batch with the items from position 8 on changed."""
     torch.manual_seed(0)
     model = build_model(name, model_config(name), INFO).eval()
     items, cats, slots = batch()
@@ -61,7 +61,12 @@ def test_causal_outputs_ignore_later_items(name):
     changed[:, 8:] = torch.randint(1, INFO.num_items + 1, changed[:, 8:].shape)
     kw = user_kw(model)
     with torch.no_grad():
-        a, b = model(items, cats, slots, **kw), model(changed, cats, slots, **kw)
+        return model(items, cats, slots, **kw), model(changed, cats, slots, **kw)
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_causal_outputs_ignore_later_items(name):
+    a, b = outputs_before_after_change(name)
     assert torch.allclose(a[:, :8], b[:, :8], atol=1e-5)
     assert not torch.allclose(a[:, 8:], b[:, 8:], atol=1e-5)
 
@@ -80,11 +85,5 @@ def test_extra_left_padding_changes_nothing(name):
 
 @pytest.mark.parametrize("name", BIDIRECTIONAL)
 def test_bidirectional_outputs_see_later_items(name):
-    torch.manual_seed(0)
-    model = build_model(name, model_config(name), INFO).eval()
-    items, cats, slots = batch()
-    changed = items.clone()
-    changed[:, 8:] = torch.randint(1, INFO.num_items + 1, changed[:, 8:].shape)
-    with torch.no_grad():
-        a, b = model(items, cats, slots), model(changed, cats, slots)
+    a, b = outputs_before_after_change(name)
     assert not torch.allclose(a[:, 5:8], b[:, 5:8], atol=1e-5)

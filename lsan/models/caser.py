@@ -28,6 +28,7 @@ from torch import nn
 
 from lsan.models.info import DataInfo
 from lsan.models.layers import NEG, PAD, init_weights, next_item_loss
+from lsan.models.objectives import require_users
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,7 @@ class Caser(nn.Module):
 
     def __init__(self, cfg: CaserConfig, info: DataInfo):
         super().__init__()
-        if info.num_users < 1:
-            raise ValueError("caser needs DataInfo.num_users > 0 (it has a user embedding table)")
+        require_users("caser", info.num_users)
         if cfg.window < 1:
             raise ValueError("caser window must be >= 1")
         self.cfg, self.info = cfg, info

@@ -21,6 +21,7 @@ from torch import nn
 
 from lsan.models.info import DataInfo
 from lsan.models.layers import NEG, PAD, init_weights, next_item_loss
+from lsan.models.objectives import require_users
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,7 @@ class FPMC(nn.Module):
 
     def __init__(self, cfg: FPMCConfig, info: DataInfo):
         super().__init__()
-        if info.num_users < 1:
-            raise ValueError("fpmc needs DataInfo.num_users > 0 (it has a user embedding table)")
+        require_users("fpmc", info.num_users)
         self.cfg, self.info = cfg, info
         self.user_emb = nn.Embedding(info.num_users, cfg.dim)  # U
         self.last_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)  # L

@@ -44,6 +44,12 @@ def uses_users(model: Any) -> bool:
     return bool(getattr(model, "uses_users", False))
 
 
+def require_users(name: str, num_users: int) -> None:
+    """Models with a user embedding table cannot be built without a user count."""
+    if num_users < 1:
+        raise ValueError(f"{name} needs DataInfo.num_users > 0 (it has a user embedding table)")
+
+
 def mask_token(model: Any) -> int:
     return int(model.info.num_items) + 1
 

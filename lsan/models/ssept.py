@@ -33,7 +33,13 @@ from lsan.models.layers import (
     init_weights,
     next_item_loss,
 )
-from lsan.models.objectives import inference_inputs, is_autoencoding, mask_token, with_mask_token
+from lsan.models.objectives import (
+    inference_inputs,
+    is_autoencoding,
+    mask_token,
+    require_users,
+    with_mask_token,
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,7 @@ class SSEPT(nn.Module):
 
     def __init__(self, cfg: SSEPTConfig, info: DataInfo):
         super().__init__()
-        if info.num_users < 1:
-            raise ValueError("ssept needs DataInfo.num_users > 0 (it has a user embedding table)")
+        require_users("ssept", info.num_users)
         self.cfg, self.info = cfg, info
         width = cfg.dim + cfg.user_dim
         self.item_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)
