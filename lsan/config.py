@@ -50,6 +50,10 @@ class TrainConfig:
     negatives: int = 100  # uniform negatives per positive for bpr / sampled
     amp: str = "auto"  # training autocast: auto (bf16 on CUDA when supported, else off), bf16, off
     compile: bool = False  # torch.compile the training step (CUDA; the first steps are slow)
+    teacher: str = ""  # checkpoint directory of a trained teacher for distillation ("" = none)
+    teacher_sha256: str = ""  # digest of the teacher's model.pt, recorded when training starts
+    kd_weight: float = 0.5  # share of the distillation loss: (1 - w) CE + w T^2 KL(teacher || student)
+    kd_temperature: float = 1.0  # softmax temperature of both sides of the distillation loss
 
 
 @dataclass(frozen=True)
