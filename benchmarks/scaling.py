@@ -26,7 +26,7 @@ from benchmarks.latency import request_feeds, summary, timed
 from benchmarks.size import weights
 from export.export import convert, export_fp32, session
 from lsan.models import DataInfo, build_model
-from lsan.models.layers import table_sizes
+from lsan.models.item_tables import table_sizes
 
 EXPORT_MEMORY_FACTOR = (
     8  # peak RSS of export + quantization / fp32 item bytes (~8.7 measured at 1M)

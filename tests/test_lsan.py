@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lsan.models import DataInfo, build_model, model_config
-from lsan.models.layers import CompositionalEmbedding, mixed_radix, table_sizes
+from lsan.models.item_tables import QRTable as CompositionalEmbedding
+from lsan.models.item_tables import mixed_radix, table_sizes
 
 INFO = DataInfo(num_items=97, num_categories=7, num_slots=26, max_len=10)
 
@@ -30,7 +31,7 @@ def test_balanced_tables_are_small():
 
 
 def test_padding_vector_is_zero_and_codes_match_formula():
-    emb = CompositionalEmbedding(INFO.num_items, 8, 2, m1=3)
+    emb = CompositionalEmbedding(INFO.num_items, 8, 2, m1=3, item_weights=True)
     emb.reset(0.1)
     items = torch.tensor([[0, 1, 5, 97]])
     base = emb.base(items)
@@ -44,7 +45,7 @@ def test_padding_vector_is_zero_and_codes_match_formula():
 @pytest.mark.parametrize("tables,m1", [(2, 2), (2, 0), (3, 0)])
 def test_factorised_scores_equal_naive_matrix(tables, m1):
     torch.manual_seed(0)
-    emb = CompositionalEmbedding(INFO.num_items, 16, tables, m1)
+    emb = CompositionalEmbedding(INFO.num_items, 16, tables, m1, item_weights=True)
     emb.reset(0.5)
     with torch.no_grad():
         emb.item_weights.uniform_(0.5, 1.5)

@@ -54,7 +54,7 @@ MODELS: dict[str, tuple[type[nn.Module], Callable[[], Any]]] = {
     "hf_bert": (HFRecommender, partial(HFConfig, backbone="bert", attention="bidirectional")),
     "hf_albert": (HFRecommender, partial(HFConfig, backbone="albert", attention="bidirectional")),
     "lsan": (LSAN, LSANConfig),
-    "lsan_full": (LSAN, partial(LSANConfig, full_table=True)),
+    "lsan_full": (LSAN, partial(LSANConfig, item_table="full", item_weights=False)),
     # classic baselines of the LSAN paper's table, and SSE-PT (caser, fpmc, ssept use user ids)
     "gru4rec": (GRU4Rec, GRU4RecConfig),
     "caser": (Caser, CaserConfig),

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from lsan.models.info import DataInfo
-from lsan.models.layers import PAD, init_weights
+from lsan.models.item_tables import FullTable
+from lsan.models.layers import init_weights
 from lsan.models.scoring import TiedScores
 
 
@@ -36,7 +37,7 @@ class GRU4Rec(TiedScores, nn.Module):
     def __init__(self, cfg: GRU4RecConfig, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
-        self.item_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)
+        self.item_emb = FullTable(info.num_items, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
         self.gru = nn.GRU(
             cfg.dim, cfg.dim, cfg.layers, bias=False, batch_first=True,

@@ -24,6 +24,7 @@ from torch import nn
 
 from lsan.config import ConfigError
 from lsan.models.info import DataInfo
+from lsan.models.item_tables import FullTable
 from lsan.models.layers import PAD, init_weights
 from lsan.models.objectives import (
     is_autoencoding,
@@ -96,7 +97,7 @@ class HFRecommender(TiedScores, nn.Module):
     def __init__(self, cfg: HFConfig, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
-        self.item_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)
+        self.item_emb = FullTable(info.num_items, cfg.dim)
         self.mask_emb = nn.Parameter(torch.zeros(cfg.dim)) if is_autoencoding(self) else None
         init_weights(self, cfg.init_std)  # before the backbone: it initialises itself
         if self.mask_emb is not None:

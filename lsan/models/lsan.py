@@ -1,10 +1,12 @@
 """LSAN: lightweight self-attentive sequential recommendation (../shared/papers/lsan-*.txt).
 
 Design choices (the paper gives the design, no code; where it is silent the choice is ours):
-- Compositional item embeddings: N base tables (default 2) indexed by mixed-radix quotient-
+- Compositional item embeddings: any item table of lsan.models.item_tables (`model.item_table`).
+  The paper's is `qr` (the default): N base tables (default 2) indexed by mixed-radix quotient-
   remainder codes, sized by the paper's knob m1 (tables of m1 and ceil(|V|/m1) rows) or balanced
   (each ~|V|^(1/N), m1 = 0). Every item has a unique code tuple; padding is a zero vector.
-  `full_table = True` swaps in one |V| x D table (the paper's LSAN_full.emb).
+  `full` is one |V| x D table (the paper's LSAN_full.emb, model `lsan_full`); `codes` learned or
+  assigned codebooks (popularity, a teacher's k-means).
 - Context of position t = (category of item t-1, category of item t, time slot of t), each an
   embedding, summed into a context vector c (D). c attends over the N selected base vectors
   (query W_q c, keys the base vectors, softmax over N) to fuse one item vector e; then the context
@@ -18,11 +20,10 @@ Design choices (the paper gives the design, no code; where it is silent the choi
   linear layer (the role of multi-head attention's W_O). Then a GeLU point-wise feed-forward;
   residuals around both, dropout, a final layer norm. `conv = False` drops the conv branch.
 - Prediction through the same base tables without building the |V| x D matrix:
-  score(v) = sum_n w[v, n] (h . E_n)[code_n(v)] + b[v] (see CompositionalEmbedding.scores).
-- Training may score through the explicit matrix instead (`train_scores = "matrix"`): the same
-  numbers (a test checks it), built from the base tables once per step and used in one matmul.
-  On a CPU at D = 64 that is about 2x faster than the factorised path, whose element-wise work
-  over |V| per position is memory-bound; evaluation and ONNX always use the factorised path.
+  score(v) = sum_n w[v, n] (h . E_n)[code_n(v)] + b[v] (see item_tables).
+- Training may score through the explicit matrix (`train_scores = "matrix"`, the default): the
+  same numbers (a test checks it), built from the base tables once per step and used in one
+  matmul; evaluation and ONNX always use the factorised path.
 - Objective: full-softmax cross-entropy on the next item at every non-padding position; L2 is
   the trainer's weight decay (1e-5 by default, as in the paper).
 """
@@ -37,11 +38,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from lsan.models.info import DataInfo
+from lsan.models.item_tables import TableConfig, build_item_table, training_scores
 from lsan.models.layers import (
     NEG,
     PAD,
     CausalDepthwiseConv,
-    CompositionalEmbedding,
     FeedForward,
     apply_blocks,
     attention_mask,
@@ -115,15 +116,11 @@ class TwinAttention(nn.Module):
 
 
 @dataclass(frozen=True)
-class LSANConfig:
-    dim: int = 128  # embedding and hidden size D (paper: 128; 64 on the sparsest data)
-    tables: int = 2  # N base tables; 1 with full_table is the plain |V| x D table
+class LSANConfig(TableConfig):
+    item_table: str = "qr"  # the paper's quotient-remainder composition (full = LSAN_full.emb)
     m1: int = 2  # rows of the first table (paper's compression knob); 0 = balanced tables
-    full_table: bool = False  # LSAN_full.emb: one |V| x D table instead of the composition
-    item_weights: bool = (
-        True  # per-item output weights + bias (N+1 numbers/item); off collapses accuracy
-    )
-    train_scores: str = "factorised"  # training softmax: factorised, or matrix (see docstring)
+    item_weights: bool = True  # per-item output weights + bias; off collapses qr's accuracy
+    dim: int = 128  # embedding and hidden size D (paper: 128; 64 on the sparsest data)
     use_category: bool = True  # category context (item t-1 and item t) in fusion and injection
     use_time: bool = True  # time-slot context (the paper's temporal ablation turns this off)
     heads: int = 2  # heads per branch (H self-attention + H convolution)
@@ -158,18 +155,7 @@ class LSAN(nn.Module):
     def __init__(self, cfg: LSANConfig, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
-        if cfg.train_scores not in ("factorised", "matrix"):
-            raise ValueError(f"train_scores must be factorised or matrix, got {cfg.train_scores!r}")
-        self.items: CompositionalEmbedding | None
-        self.item_emb: nn.Embedding | None
-        if cfg.full_table:
-            self.items = None
-            self.item_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)
-        else:
-            self.items = CompositionalEmbedding(
-                info.num_items, cfg.dim, cfg.tables, cfg.m1, cfg.item_weights
-            )
-            self.item_emb = None
+        self.item_emb = build_item_table(cfg, info.num_items, cfg.dim)
         self.fusion = ContextFusion(cfg.dim, info, cfg.use_category, cfg.use_time)
         self.pos_emb = nn.Embedding(info.max_len, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
@@ -177,8 +163,8 @@ class LSAN(nn.Module):
         self.ln = nn.LayerNorm(cfg.dim)
         self.mask_emb = nn.Parameter(torch.zeros(cfg.dim)) if is_autoencoding(self) else None
         init_weights(self, cfg.init_std)
-        if self.items is not None:
-            self.items.reset(cfg.init_std)
+        if not isinstance(self.item_emb, nn.Embedding):  # init_weights drew the full table
+            self.item_emb.reset(cfg.init_std)
         if self.mask_emb is not None:
             nn.init.normal_(self.mask_emb, 0.0, cfg.init_std)
 
@@ -192,10 +178,12 @@ class LSAN(nn.Module):
 
     def base(self, items: torch.Tensor) -> torch.Tensor:
         """(B, T) -> (B, T, N, D) selected base vectors (N = 1 for the full table)."""
-        if self.item_emb is not None:
-            return self.item_emb(items).unsqueeze(-2)
-        assert self.items is not None
-        return self.items.base(items)
+        return self.item_emb.base(items)
+
+    @property
+    def items(self) -> nn.Module | None:
+        """The compositional table, None for a full one (kept for the benchmarks' size code)."""
+        return None if self.cfg.full_table else self.item_emb
 
     def forward(self, items, cats, slots, return_weights: bool = False):
         """Hidden state per position (B, T, D); with return_weights also per-layer SA weights."""
@@ -210,32 +198,15 @@ class LSAN(nn.Module):
         return (h, weights) if return_weights else h
 
     def item_scores(self, h: torch.Tensor) -> torch.Tensor:
-        if self.item_emb is not None:
-            return h @ self.item_emb.weight.T
-        assert self.items is not None
-        return self.items.scores(h)
+        return self.item_emb.scores(h)
 
     def score_items(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Scores of given items: h (N, D), ids (N, K) -> (N, K)."""
-        if self.item_emb is not None:
-            return (h.unsqueeze(-2) * self.item_emb(ids)).sum(-1)
-        assert self.items is not None
-        return self.items.score_ids(h, ids)
+        return self.item_emb.score_ids(h, ids)
 
     def loss(self, items, cats, slots, targets) -> torch.Tensor:
-        h = self(items, cats, slots)
-        if self.items is None:
-            return next_item_loss(h, targets, self.item_scores)
-        if self.cfg.train_scores == "matrix":  # one |V| x D matrix per step, one matmul
-            table = self.items.matrix()
-            bias = self.items.item_bias
-            return next_item_loss(h, targets, lambda x: x @ table.T + (0 if bias is None else bias))
-        if self.cfg.train_scores != "factorised":
-            raise ValueError(
-                f"train_scores must be factorised or matrix, got {self.cfg.train_scores!r}"
-            )
-        # the whole code grid (ids past the catalogue score NEG): no slicing copy
-        return next_item_loss(h, targets, self.items.grid_scores)
+        scores = training_scores(self.item_emb, self.cfg.train_scores)
+        return next_item_loss(self(items, cats, slots), targets, scores)
 
     def score_all(self, items, cats, slots) -> torch.Tensor:
         h = self(*inference_inputs(self, items, cats, slots))[:, -1]

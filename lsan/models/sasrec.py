@@ -3,7 +3,8 @@
 Design choices (those of the SASRec+ re-evaluations, Klenitskiy & Vasilev 2023):
 - full-softmax cross-entropy on the next item at every position (no sampled negatives);
 - pre-LN blocks with a final layer norm, GeLU feed-forward, learned absolute positions;
-- item embeddings N(0, 0.02), not scaled by sqrt(D); the output layer is tied to the input table;
+- item embeddings N(0, 0.02), not scaled by sqrt(D); the output layer is tied to the input table,
+  which is any item table (`model.item_table`: full by default, qr or codes, see item_tables);
 - causal attention by default (AR); `attention` = bidirectional or local makes it auto-encoding
   (AE): Cloze training with a learned [MASK] vector and the mask appended at inference
   (lsan.models.objectives). `bert4rec` is this model with bidirectional attention, `local` with
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from lsan.models.info import DataInfo
+from lsan.models.item_tables import TableConfig, build_item_table
 from lsan.models.layers import (
     PAD,
     TransformerBlock,
@@ -31,7 +33,7 @@ from lsan.models.scoring import TiedScores
 
 
 @dataclass(frozen=True)
-class SASRecConfig:
+class SASRecConfig(TableConfig):
     dim: int = 64  # embedding and hidden size D
     layers: int = 2  # transformer blocks
     heads: int = 1  # attention heads per block
@@ -47,7 +49,7 @@ class SASRec(TiedScores, nn.Module):
     def __init__(self, cfg: SASRecConfig, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
-        self.item_emb = nn.Embedding(info.num_items + 1, cfg.dim, padding_idx=PAD)
+        self.item_emb = build_item_table(cfg, info.num_items, cfg.dim)
         self.pos_emb = nn.Embedding(info.max_len, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
@@ -57,6 +59,8 @@ class SASRec(TiedScores, nn.Module):
         self.ln = nn.LayerNorm(cfg.dim)
         self.mask_emb = nn.Parameter(torch.zeros(cfg.dim)) if is_autoencoding(self) else None
         init_weights(self, cfg.init_std)
+        if not isinstance(self.item_emb, nn.Embedding):  # init_weights drew the full table
+            self.item_emb.reset(cfg.init_std)
         if self.mask_emb is not None:
             nn.init.normal_(self.mask_emb, 0.0, cfg.init_std)
 

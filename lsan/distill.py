@@ -1,0 +1,114 @@
+"""Knowledge distillation and data-driven codes: what a compact student takes from a teacher.
+
+The on-device recipes that keep accuracy while shrinking 10-30x (OD-Rec, EODRec) train the small
+model against a strong one. Here a teacher is any trained causal checkpoint (`lsan train
+--teacher CKPT`); the student's loss at every non-padding position is
+
+    (1 - w) CE(student, next item) + w T^2 KL(softmax(teacher / T) || softmax(student / T))
+
+over the full catalogue (w = `train.kd_weight`, default 0.5; T = `train.kd_temperature`,
+default 1.0; the padding column is masked on both sides). The teacher runs in eval mode under
+no_grad and is held outside the module tree, so it is never in the optimizer, the state dict or
+DDP's buckets. Its checkpoint path and the sha256 of its model.pt are recorded in the student's
+config.json (`train.teacher`, `train.teacher_sha256`) and metrics.json; a resumed run refuses a
+teacher whose digest changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lsan.data.batching import SeqTensors
+from lsan.digest import file_digest
+from lsan.models import DataInfo
+from lsan.models.codes import assign, teacher_vectors
+from lsan.models.item_tables import CodeTable, FullTable, training_scores
+from lsan.models.layers import NEG, PAD
+from lsan.models.objectives import is_autoencoding, uses_users
+
+
+class TeacherError(ValueError):
+    """The teacher cannot teach this student."""
+
+
+def load_teacher(
+    path: str, info: DataInfo, device: torch.device, expected_sha256: str = ""
+) -> tuple[nn.Module, str, str]:
+    """The frozen teacher of checkpoint `path`, the digest of its model.pt and its model name."""
+    from lsan.checkpoint import CheckpointError, load_model
+
+    try:
+        teacher, run, t_info = load_model(path, device)
+    except CheckpointError as exc:
+        raise TeacherError(f"teacher {path}: {exc}") from None
+    digest = file_digest(Path(path) / "model.pt")
+    if expected_sha256 and digest != expected_sha256:
+        raise TeacherError(
+            f"teacher {path}: model.pt changed since this run started (sha256 {digest[:12]}... "
+            f"!= recorded {expected_sha256[:12]}...); resume with the same teacher"
+        )
+    if t_info.num_items != info.num_items:
+        raise TeacherError(
+            f"teacher {path} has {t_info.num_items} items, the student's data {info.num_items}"
+        )
+    if t_info.max_len < info.max_len:
+        raise TeacherError(f"teacher {path} reads {t_info.max_len} positions, fewer than {info.max_len}")
+    if is_autoencoding(teacher) or uses_users(teacher):
+        raise TeacherError(
+            f"teacher {path} ({run.model_name}) must be a causal sequence model without user ids: "
+            "distillation matches next-item distributions at every position"
+        )
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher.eval(), digest, run.model_name
+
+
+def student_scores(model: nn.Module):
+    """The student's full-catalogue scores (P, D) -> (P, |V|+1) on its fast training layout."""
+    table = getattr(model, "item_emb", None)
+    mode = getattr(getattr(model, "cfg", None), "train_scores", "matrix")
+    if table is None or isinstance(table, FullTable) or not hasattr(table, "num_ids"):
+        return model.item_scores
+    score = training_scores(table, mode)
+    return lambda h: score(h)[:, : table.num_ids]
+
+
+def distill_loss(
+    model: nn.Module, teacher: nn.Module, b: SeqTensors, weight: float, temperature: float
+) -> Tensor:
+    """(1 - w) CE + w T^2 KL(teacher || student) at the batch's non-padding positions."""
+    if is_autoencoding(model):
+        raise TeacherError("distillation needs a causal (next-item) student")
+    assert b.targets is not None
+    keep = b.targets != PAD
+    s = student_scores(model)(model(b.items, b.cats, b.slots)[keep])
+    s = torch.cat([torch.full_like(s[:, :1], NEG), s[:, 1:]], dim=1)  # padding is never a target
+    ce = F.cross_entropy(s, b.targets[keep])
+    if weight == 0.0:
+        return ce
+    with torch.no_grad():
+        t = teacher.item_scores(teacher(b.items, b.cats, b.slots)[keep]).float()
+        t = torch.cat([torch.full_like(t[:, :1], NEG), t[:, 1:]], dim=1)
+        log_t = F.log_softmax(t / temperature, dim=-1)
+    log_s = F.log_softmax(s.float() / temperature, dim=-1)
+    kd = F.kl_div(log_s, log_t, log_target=True, reduction="batchmean") * temperature**2
+    return (1 - weight) * ce + weight * kd
+
+
+def prepare_codes(
+    model: nn.Module, counts: np.ndarray, teacher: nn.Module | None, seed: int
+) -> dict[str, Any]:
+    """Assign a `codes` item table's codes from data (no-op for other tables); a summary."""
+    table = getattr(model, "item_emb", None)
+    if not isinstance(table, CodeTable):
+        return {}
+    cfg = model.cfg  # type: ignore[union-attr]
+    vectors = teacher_vectors(teacher) if teacher is not None and cfg.codes_from == "teacher" else None
+    summary = assign(table, cfg.codes_from, cfg.own_rows, counts, vectors, seed)
+    return {"source": cfg.codes_from, "books": table.sizes, **summary}

@@ -1,0 +1,312 @@
+"""Item tables: how a model stores its items, behind one interface every model can take.
+
+A table maps item ids (0 = padding, 1..|V|) to vectors and scores hidden states against every
+item. It is the whole of a small model's bytes, so compression lives here, apart from the
+encoder: `model.item_table` switches it for `sasrec` and `lsan` alike, so the gain of compression
+and the gain of LSAN's architecture are measured apart.
+
+The interface (every table):
+- `base(items)`: (B, T) -> (B, T, N, D), the N vectors an item is composed of (N = 1 for a full
+  table); LSAN fuses them with context attention;
+- `forward(items)`: (B, T) -> (B, T, D), their sum (what a plain model embeds with);
+- `scores(h)`: (..., D) -> (..., |V|+1), the score of every id, index 0 included;
+- `score_ids(h, ids)`: h (P, D), ids (P, K) -> (P, K), the scores of given ids (sampled losses);
+- `matrix()`: the explicit (|V|+1, D) output matrix (distillation, code assignment, tests);
+- `parameters_per_item()`, via `table_parameters(table)`: what the table costs.
+
+Tables:
+- `full`: one |V|+1 x D matrix (an `nn.Embedding`, so checkpoints of the plain models still load).
+- `qr`: the LSAN paper's quotient-remainder composition: N base tables indexed by mixed-radix
+  codes of the id (m1 / balanced sizes). Nothing per item is stored but the optional output
+  weights and bias; scoring lays the tables out over the id grid by broadcasting.
+- `codes`: N codebooks and an integer table `codes` (|V|+1, N) that says which codeword of each
+  book an item uses: the assignment is data (popularity, a teacher's k-means, or arithmetic),
+  saved in the checkpoint as a buffer and in the ONNX graph as a uint8 / int16 initializer.
+  Scoring computes h . codebook_n once per book (P, m_n) and gathers each item's entries: the
+  cost is O(sum(m_n) D + N |V|), with no |V| x D matrix.
+
+Per-item output weights w (N per item, init 1) and bias b (init 0) are optional on the
+compositional tables: score(v) = sum_n w[v, n] (h . E_n[code_n(v)]) + b[v]. They let items that
+share codewords still rank apart; they cost N + 1 numbers per item, counted like anything else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lsan.models.layers import NEG, PAD
+
+ITEM_TABLES = ("full", "qr", "codes")
+CODE_SOURCES = ("arithmetic", "popularity", "teacher")
+TRAIN_SCORES = ("factorised", "matrix")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """The item-table fields shared by every model config that takes `model.item_table`."""
+
+    item_table: str = "full"  # full, qr (the LSAN paper's quotient-remainder) or codes
+    tables: int = 2  # qr: N base tables; codes: N codebooks (plus the own-rows book)
+    m1: int = 0  # qr: rows of the first table (the paper's knob); 0 = balanced tables
+    code_size: int = 256  # codes: rows per codebook (<= 256 stores each code in one byte)
+    own_rows: int = 0  # codes: the H most popular items get a row of their own (hybrid)
+    codes_from: str = "popularity"  # codes: arithmetic, popularity or teacher (k-means)
+    item_weights: bool = False  # per-item output weights + bias (N + 1 numbers per item)
+    train_scores: str = "matrix"  # training softmax: matrix (one matmul) or factorised
+
+    @property
+    def full_table(self) -> bool:
+        return self.item_table == "full"
+
+
+class FullTable(nn.Embedding):
+    """One row per id: the plain |V|+1 x D table (tied input and output)."""
+
+    def __init__(self, num_items: int, dim: int):
+        super().__init__(num_items + 1, dim, padding_idx=PAD)
+
+    def base(self, items: torch.Tensor) -> torch.Tensor:
+        return self(items).unsqueeze(-2)
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.weight.T
+
+    def score_ids(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return (h.unsqueeze(-2) * self(ids)).sum(-1)
+
+    def matrix(self) -> torch.Tensor:
+        return self.weight
+
+    def reset(self, std: float) -> None:
+        nn.init.normal_(self.weight, 0.0, std)
+        with torch.no_grad():
+            self.weight[PAD].zero_()
+
+
+def table_sizes(num_ids: int, tables: int, m1: int = 0) -> list[int]:
+    """Rows per base table so that the product covers ids 0..num_ids-1.
+
+    m1 > 0 (the LSAN paper's knob, N = 2 style): the first table has m1 rows and the remaining
+    tables split the quotient ceil(num_ids / m1) as evenly as possible. m1 = 0: balanced, each
+    table about num_ids ** (1 / tables) rows.
+    """
+    if tables < 1:
+        raise ValueError("tables must be >= 1")
+    if tables == 1:
+        return [num_ids]
+    if m1 > 0:
+        rest = table_sizes(math.ceil(num_ids / m1), tables - 1)
+        return [m1, *rest]
+    side = math.ceil(num_ids ** (1.0 / tables))
+    sizes = [side] * tables
+    # shrink the last tables while the product still covers every id
+    for i in reversed(range(tables)):
+        others = math.prod(sizes[:i] + sizes[i + 1 :])
+        sizes[i] = math.ceil(num_ids / others)
+    return sizes
+
+
+def mixed_radix(ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """Quotient-remainder codes: (..., N) with code_n = (id div prod(sizes[:n])) mod sizes[n]."""
+    codes, rest = [], ids
+    for m in sizes:
+        codes.append(rest % m)
+        rest = torch.div(rest, m, rounding_mode="floor")
+    return torch.stack(codes, dim=-1)
+
+
+class _Composed(nn.Module):
+    """What the compositional tables share: N codebooks and the optional per-item w and b."""
+
+    sizes: list[int]
+
+    def __init__(self, num_items: int, dim: int, sizes: list[int], item_weights: bool):
+        super().__init__()
+        self.num_ids = num_items + 1
+        self.sizes = list(sizes)
+        self.tables = nn.ParameterList(nn.Parameter(torch.zeros(m, dim)) for m in self.sizes)
+        n = len(self.sizes)
+        self.item_weights = nn.Parameter(torch.ones(self.num_ids, n)) if item_weights else None
+        self.item_bias = nn.Parameter(torch.zeros(self.num_ids)) if item_weights else None
+
+    def reset(self, std: float) -> None:
+        for t in self.tables:
+            nn.init.normal_(t, 0.0, std)
+
+    def codes_of(self, ids: torch.Tensor) -> torch.Tensor:  # (...) -> (..., N) long
+        raise NotImplementedError
+
+    def base(self, items: torch.Tensor) -> torch.Tensor:
+        """(B, T) ids -> (B, T, N, D) selected codewords; padding rows are zero."""
+        codes = self.codes_of(items)
+        vecs = torch.stack(
+            [F.embedding(codes[..., n], t) for n, t in enumerate(self.tables)], dim=-2
+        )
+        return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
+
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        return self.base(items).sum(-2)
+
+    def score_ids(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        codes = self.codes_of(ids)  # (P, K, N)
+        total = self.item_bias[ids] if self.item_bias is not None else None
+        for n, t in enumerate(self.tables):
+            part = (h.unsqueeze(-2) * F.embedding(codes[..., n], t)).sum(-1)  # (P, K)
+            if self.item_weights is not None:
+                part = part * self.item_weights[ids, n]
+            total = part if total is None else total + part
+        assert total is not None
+        return total
+
+    def matrix(self) -> torch.Tensor:
+        codes = self.codes_of(torch.arange(self.num_ids, device=self.tables[0].device))
+        rows = [t[codes[:, n]] for n, t in enumerate(self.tables)]  # N x (|V|+1, D)
+        if self.item_weights is not None:
+            rows = [r * self.item_weights[:, n : n + 1] for n, r in enumerate(rows)]
+        return torch.stack(rows).sum(0)
+
+
+class QRTable(_Composed):
+    """The LSAN paper's quotient-remainder composition: item v uses row code_n(v) of table n.
+
+    Because v = code_1 + m_1 code_2 + m_1 m_2 code_3 + ..., `scores` lays each table's row scores
+    over all ids by broadcasting (an outer sum) instead of a gather: no index table is stored.
+    """
+
+    def __init__(self, num_items: int, dim: int, tables: int, m1: int = 0, item_weights=True):
+        super().__init__(num_items, dim, table_sizes(num_items + 1, tables, m1), item_weights)
+
+    def codes_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return mixed_radix(ids, self.sizes)
+
+    def grid_scores(self, h: torch.Tensor, mask_beyond: bool = True) -> torch.Tensor:
+        """(P, D) -> (P, M) scores over every code tuple (M = prod m_n >= |V|+1).
+
+        Ids v are laid out in row-major order over the grid (m_N, ..., m_1), so table n's row
+        scores broadcast along its own axis; ids beyond the catalogue score NEG. Training uses
+        these M columns directly (no slicing copy); `scores` slices the first |V|+1.
+        """
+        p, n_tables = h.shape[0], len(self.sizes)
+        grid = list(reversed(self.sizes))  # (m_N, ..., m_1)
+        pad = math.prod(self.sizes) - self.num_ids
+        total = None
+        if self.item_bias is not None:
+            beyond = NEG if mask_beyond else 0.0
+            total = F.pad(self.item_bias, (0, pad), value=beyond).view(1, *grid)
+        weights = F.pad(self.item_weights.T, (0, pad)) if self.item_weights is not None else None
+        for n, t in enumerate(self.tables):
+            shape = [p] + [1] * n_tables
+            shape[n_tables - n] = self.sizes[n]
+            part = F.linear(h, t).view(shape)  # (P, 1.., m_n, ..1); one copy of t in ONNX
+            if weights is not None:
+                part = part * weights[n].view(1, *grid)
+            total = part if total is None else total + part
+        assert total is not None
+        if self.item_bias is None and pad and mask_beyond:
+            beyond_mask = F.pad(torch.zeros(self.num_ids, device=h.device), (0, pad), value=NEG)
+            total = total + beyond_mask.view(1, *grid)
+        return total.reshape(p, -1)
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        lead = h.shape[:-1]
+        # the slice drops ids past the catalogue, so they need no mask (and no |V| constant in ONNX)
+        flat = self.grid_scores(h.reshape(-1, h.shape[-1]), mask_beyond=False)
+        return flat[:, : self.num_ids].reshape(*lead, self.num_ids)
+
+
+def code_dtype(sizes: list[int]) -> torch.dtype:
+    """The smallest integer type that holds every code: uint8 up to 256 rows, else int16/int32."""
+    top = max(sizes)
+    return torch.uint8 if top <= 256 else torch.int16 if top <= 32768 else torch.int32
+
+
+class CodeTable(_Composed):
+    """N codebooks of sizes m_n; `codes` (|V|+1, N) names the codeword of each book per item.
+
+    The codes start as the quotient-remainder arithmetic of the id (a valid, unique assignment)
+    and are replaced by `lsan.models.codes.assign` (popularity, teacher k-means) before training;
+    they travel in the state dict, so a checkpoint and its artifact carry their assignment.
+    """
+
+    def __init__(self, num_items: int, dim: int, sizes: list[int], item_weights: bool = False):
+        super().__init__(num_items, dim, sizes, item_weights)
+        ids = torch.arange(self.num_ids)
+        start = mixed_radix(ids, table_sizes(self.num_ids, len(sizes), 0))
+        start = torch.minimum(start, torch.tensor(self.sizes) - 1)  # valid even if sizes are small
+        self.register_buffer("codes", start.to(code_dtype(self.sizes)))
+
+    def set_codes(self, codes: torch.Tensor) -> None:
+        """Install an assignment (|V|+1, N); row 0 (padding) is forced to codeword 0."""
+        if codes.shape != self.codes.shape:
+            raise ValueError(f"codes must be {tuple(self.codes.shape)}, got {tuple(codes.shape)}")
+        limits = torch.tensor(self.sizes)
+        if (codes < 0).any() or (codes >= limits).any():
+            raise ValueError(f"codes out of range for codebooks of sizes {self.sizes}")
+        codes = codes.clone()
+        codes[PAD] = 0
+        self.codes.copy_(codes.to(self.codes.dtype))
+
+    def codes_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.codes.long()[ids]
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        codes = self.codes.long()  # (|V|+1, N): a Cast of the stored uint8 table, folded at load
+        total = self.item_bias if self.item_bias is not None else None
+        for n, t in enumerate(self.tables):
+            part = F.linear(h, t)[..., codes[:, n]]  # (..., m_n) -> (..., |V|+1)
+            if self.item_weights is not None:
+                part = part * self.item_weights[:, n]
+            total = part if total is None else total + part
+        assert total is not None
+        return total
+
+
+def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> nn.Module:
+    """The item table `cfg.item_table` (see ITEM_TABLES) for ids 0..num_items.
+
+    qr: `tables` base tables sized by m1 (0 = balanced). codes: `tables` codebooks of
+    `code_size` rows, plus, with `own_rows` = H > 0, one more book of H + 1 rows in which the H
+    most popular items get a row of their own and every other item row 0 (a hybrid table).
+    """
+    if cfg.codes_from not in CODE_SOURCES:
+        raise ValueError(f"unknown model.codes_from {cfg.codes_from!r} (known: {', '.join(CODE_SOURCES)})")
+    if cfg.train_scores not in TRAIN_SCORES:
+        raise ValueError(f"model.train_scores must be factorised or matrix, got {cfg.train_scores!r}")
+    if cfg.item_table == "full":
+        return FullTable(num_items, dim)
+    if cfg.item_table == "qr":
+        return QRTable(num_items, dim, cfg.tables, cfg.m1, cfg.item_weights)
+    if cfg.item_table == "codes":
+        if cfg.code_size < 2:
+            raise ValueError(f"model.code_size must be at least 2, got {cfg.code_size}")
+        own = [cfg.own_rows + 1] if cfg.own_rows > 0 else []
+        return CodeTable(num_items, dim, [cfg.code_size] * cfg.tables + own, cfg.item_weights)
+    raise ValueError(f"unknown model.item_table {cfg.item_table!r} (known: {', '.join(ITEM_TABLES)})")
+
+
+def training_scores(table: nn.Module, mode: str):
+    """The score function a training loss uses: same numbers as `table.scores`, faster layouts.
+
+    matrix: one explicit |V| x D matrix per step and one matmul (about 2x faster on a CPU at
+    D = 64 than the factorised path, whose element-wise work over |V| is memory-bound).
+    factorised: the table's own scoring; for qr the whole code grid (ids past the catalogue
+    score NEG), which saves the slicing copy.
+    """
+    if isinstance(table, FullTable):
+        return table.scores
+    if mode == "matrix":
+        m, bias = table.matrix(), table.item_bias
+        return lambda h: h @ m.T + (0 if bias is None else bias)
+    if isinstance(table, QRTable):
+        return table.grid_scores
+    return table.scores
+
+
+def table_parameters(table: nn.Module) -> int:
+    """Stored numbers of a table: its parameters plus its code buffer (one integer per entry)."""
+    return sum(p.numel() for p in table.parameters()) + sum(b.numel() for b in table.buffers())
