@@ -101,6 +101,20 @@ def distill_loss(
     return (1 - weight) * ce + weight * kd
 
 
+def init_from_teacher(model: nn.Module, teacher: nn.Module) -> list[str]:
+    """Copy the teacher's tensors whose names and shapes match (never the item table).
+
+    A student with the teacher's encoder (say SASRec D=64 over a codebook table) then starts
+    where the teacher ended, less the table's compression error, and distillation only has to
+    repair that: a few epochs instead of a full training run.
+    """
+    own = model.state_dict()
+    taken = [k for k, v in teacher.state_dict().items()
+             if k in own and own[k].shape == v.shape and not k.startswith("item_emb.")]  # fmt: skip
+    model.load_state_dict({**own, **{k: teacher.state_dict()[k] for k in taken}})
+    return taken
+
+
 def prepare_codes(
     model: nn.Module, counts: np.ndarray, teacher: nn.Module | None, seed: int
 ) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lsan.config import EvalConfig, TrainConfig
 from lsan.data.batching import SeqTensors
 from lsan.data.prepare import SeqDataset
+from lsan.distill import distill_loss
 from lsan.evaluate import evaluate as evaluate_all
 from lsan.evaluate import rank_users, summarise
 from lsan.models.objectives import batch_loss
@@ -130,17 +131,32 @@ class LossStep(nn.Module):
     def __init__(self, model: nn.Module, objective: str, negatives: int, amp: torch.dtype | None):
         super().__init__()
         self.model, self.objective, self.negatives, self.amp = model, objective, negatives, amp
+        # the teacher sits in a list, not as a submodule: never in the optimizer, state or DDP
+        self.teacher: list[nn.Module] = []
+        self.kd = (0.0, 1.0)
+
+    def distil_from(self, teacher: nn.Module, weight: float, temperature: float) -> None:
+        self.teacher, self.kd = [teacher], (weight, temperature)
+
+    def loss(self, b: SeqTensors) -> Tensor:
+        if self.teacher:
+            return distill_loss(self.model, self.teacher[0], b, *self.kd)
+        return batch_loss(self.model, b, self.objective, self.negatives)
 
     def forward(self, b: SeqTensors) -> Tensor:
         if self.amp is None:
-            return batch_loss(self.model, b, self.objective, self.negatives)
+            return self.loss(b)
         with torch.autocast(b.items.device.type, dtype=self.amp):
-            return batch_loss(self.model, b, self.objective, self.negatives)
+            return self.loss(b)
 
 
-def loss_step(model: nn.Module, tc: TrainConfig, ctx: Context) -> nn.Module:
+def loss_step(
+    model: nn.Module, tc: TrainConfig, ctx: Context, teacher: nn.Module | None = None
+) -> nn.Module:
     """The training loss as a module: DDP-synced across processes, compiled when asked."""
     step: nn.Module = LossStep(model, tc.loss, tc.negatives, amp_dtype(tc.amp, ctx.device))
+    if teacher is not None:
+        step.distil_from(teacher, tc.kd_weight, tc.kd_temperature)  # type: ignore[operator]
     if ctx.world > 1:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         step = DistributedDataParallel(step, device_ids=ids)

@@ -46,8 +46,8 @@ class GRU4Rec(TiedScores, nn.Module):
         self.proj = nn.Linear(cfg.dim, cfg.dim)
         init_weights(self, cfg.init_std)
 
-    def forward(self, items, cats=None, slots=None) -> torch.Tensor:
+    def forward(self, items, cats=None, slots=None, last_only: bool = False) -> torch.Tensor:
         """Hidden state per position (B, T, D); position t has read items up to t."""
         x = self.drop(self.item_emb(items))  # (B, T, D), zero on padding
         out, _ = self.gru(x)  # (B, T, D)
-        return self.proj(out)
+        return self.proj(out[:, -1:] if last_only else out)

@@ -107,7 +107,7 @@ class HFRecommender(TiedScores, nn.Module):
         # DDP (which requires every trainable parameter to get a gradient) accepts the model
         self.backbone.get_input_embeddings().requires_grad_(False)  # type: ignore[operator]
 
-    def forward(self, items, cats=None, slots=None, return_weights: bool = False):
+    def forward(self, items, cats=None, slots=None, return_weights: bool = False, last_only=False):
         """Hidden state per position (B, T, D); with return_weights also per-layer attention."""
         b, t = items.shape
         keep = items != PAD
@@ -122,4 +122,5 @@ class HFRecommender(TiedScores, nn.Module):
             output_attentions=return_weights,
         )
         h = out.last_hidden_state * keep.unsqueeze(-1).to(emb.dtype)
+        h = h[:, -1:] if last_only else h  # the backbone runs every position (no saving here)
         return (h, list(out.attentions)) if return_weights else h

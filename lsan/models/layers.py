@@ -60,17 +60,23 @@ class SelfAttention(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, x: torch.Tensor, mask: torch.Tensor, return_weights: bool = False,
+        last: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """last = True: queries of the last position only (keys and values of all): (B, 1, D)."""
         b, t, d = x.shape
+        # one matmul against the stored weight (it stays quantizable in ONNX); the queries of
+        # the other positions are the only waste of `last`
         q, k, v = self.qkv(x).split(d, dim=-1)
-        q = q.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # (B, H, T, Dh)
+        q = q[:, -1:] if last else q
+        tq = q.shape[1]
+        q = q.view(b, tq, self.heads, d // self.heads).transpose(1, 2)  # (B, H, Tq, Dh)
         k = k.view(b, t, self.heads, d // self.heads).transpose(1, 2)
         v = v.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads) + mask  # (B, H, T, T)
-        weights = torch.softmax(scores, dim=-1)
-        y = self.drop(weights) @ v  # (B, H, T, Dh)
-        y = y.transpose(1, 2).reshape(b, t, d)  # (B, T, D)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads) + mask[..., -tq:, :]
+        weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, T)
+        y = self.drop(weights) @ v  # (B, H, Tq, Dh)
+        y = y.transpose(1, 2).reshape(b, tq, d)  # (B, Tq, D)
         return self.out(y), (weights if return_weights else None)
 
 
@@ -99,23 +105,30 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, w = self.attn(self.ln1(x), mask, return_weights)
-        x = x + self.drop(a)
+        self, x: torch.Tensor, mask: torch.Tensor, return_weights: bool = False,
+        last: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        a, w = self.attn(self.ln1(x), mask, return_weights, last)
+        x = (x[:, -1:] if last else x) + self.drop(a)
         x = x + self.drop(self.ffn(self.ln2(x)))
         return x, w
 
 
 def apply_blocks(
     blocks: nn.ModuleList, x: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor,
-    return_weights: bool = False, **extra: torch.Tensor,
+    return_weights: bool = False, last_only: bool = False, **extra: torch.Tensor,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
-    """Run the blocks, re-zeroing padding positions after each; collect attention weights."""
+    """Run the blocks, re-zeroing padding positions after each; collect attention weights.
+
+    last_only: the final block computes the last position alone (its query against every key),
+    so the result is (B, 1, D). Exact for every attention mode, since nothing after the final
+    block mixes positions; it removes most of a one-layer model's inference work.
+    """
     weights = []
-    for block in blocks:
-        x, w = block(x, mask, return_weights, **extra)
-        x = x * keep
+    for i, block in enumerate(blocks):
+        last = last_only and i == len(blocks) - 1
+        x, w = block(x, mask, return_weights, last=last, **extra)
+        x = x * (keep[:, -1:] if last else keep)
         if w is not None:
             weights.append(w)
     return x, weights

@@ -99,19 +99,22 @@ class TwinAttention(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(
-        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, return_weights: bool = False,
+        last: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """(B, T, D) -> (B, T, D); last = True: the last position only, (B, 1, D)."""
         b, t, d = x.shape
-        q, k, v = (
-            self.qkv(x + pos).view(b, t, 3, self.heads, d).permute(2, 0, 3, 1, 4)
-        )  # (B, H, T, D)
+        q, k, v = self.qkv(x + pos).view(b, t, 3, self.heads, d).permute(2, 0, 3, 1, 4)
+        q = q[:, :, -1:] if last else q  # (B, H, Tq, D); one matmul on the stored weight
+        tq = q.shape[2]
         weights = torch.softmax(
-            q @ k.transpose(-2, -1) / math.sqrt(d) + mask, dim=-1
-        )  # (B, H, T, T)
-        heads = (self.drop(weights) @ v).transpose(1, 2)  # (B, T, H, D)
+            q @ k.transpose(-2, -1) / math.sqrt(d) + mask[..., -tq:, :], dim=-1
+        )  # (B, H, Tq, T)
+        heads = (self.drop(weights) @ v).transpose(1, 2)  # (B, Tq, H, D)
         if self.conv is not None:
-            heads = torch.cat([heads, self.conv(x)], dim=2)  # (B, T, 2H, D)
-        y = self.out(heads.reshape(b, t, -1))  # (B, T, D)
+            conv = self.conv(x[:, -self.conv.kernel :] if last else x)  # (B, T', H, D)
+            heads = torch.cat([heads, conv[:, -tq:]], dim=2)  # (B, Tq, 2H, D)
+        y = self.out(heads.reshape(b, tq, -1))  # (B, Tq, D)
         return y, (weights if return_weights else None)
 
 
@@ -145,9 +148,9 @@ class TwinBlock(nn.Module):
         self.ffn = FeedForward(cfg.dim, cfg.dim, cfg.dropout)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, mask, return_weights=False, pos=None):
-        a, w = self.twin(self.ln1(x), pos, mask, return_weights)
-        x = x + self.drop(a)
+    def forward(self, x, mask, return_weights=False, pos=None, last=False):
+        a, w = self.twin(self.ln1(x), pos, mask, return_weights, last)
+        x = (x[:, -1:] if last else x) + self.drop(a)
         return x + self.drop(self.ffn(self.ln2(x))), w
 
 
@@ -185,15 +188,20 @@ class LSAN(nn.Module):
         """The compositional table, None for a full one (kept for the benchmarks' size code)."""
         return None if self.cfg.full_table else self.item_emb
 
-    def forward(self, items, cats, slots, return_weights: bool = False):
-        """Hidden state per position (B, T, D); with return_weights also per-layer SA weights."""
+    def forward(self, items, cats, slots, return_weights: bool = False, last_only: bool = False):
+        """Hidden state per position (B, T, D); with return_weights also per-layer SA weights.
+
+        last_only: the last position alone, (B, 1, D) (inference: see apply_blocks).
+        """
         t = items.shape[1]
         keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
         positions = torch.arange(self.info.max_len - t, self.info.max_len, device=items.device)
         pos = self.pos_emb(positions)[None] * keep  # (B, T, D)
         x = self.drop(self.embed(items, cats, slots)) * keep
         mask = attention_mask(items, self.cfg.attention, self.cfg.window)
-        x, weights = apply_blocks(self.blocks, x, keep, mask, return_weights, pos=pos)
+        x, weights = apply_blocks(
+            self.blocks, x, keep, mask, return_weights, last_only, pos=pos
+        )  # fmt: skip
         h = self.ln(x)
         return (h, weights) if return_weights else h
 
@@ -209,6 +217,6 @@ class LSAN(nn.Module):
         return next_item_loss(self(items, cats, slots), targets, scores)
 
     def score_all(self, items, cats, slots) -> torch.Tensor:
-        h = self(*inference_inputs(self, items, cats, slots))[:, -1]
+        h = self(*inference_inputs(self, items, cats, slots), last_only=True)[:, -1]
         scores = self.item_scores(h)  # (B, |V|+1)
         return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)

@@ -70,8 +70,12 @@ class SASRec(TiedScores, nn.Module):
         cats: torch.Tensor | None = None,
         slots: torch.Tensor | None = None,
         return_weights: bool = False,
+        last_only: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Hidden state per position (B, T, D); with return_weights also per-layer attention."""
+        """Hidden state per position (B, T, D); with return_weights also per-layer attention.
+
+        last_only: the last position alone, (B, 1, D) (inference: see apply_blocks).
+        """
         t = items.shape[1]
         pos = torch.arange(self.info.max_len - t, self.info.max_len, device=items.device)
         keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
@@ -82,6 +86,6 @@ class SASRec(TiedScores, nn.Module):
         )
         x = self.drop(emb + self.pos_emb(pos)[None]) * keep  # (B, T, D)
         mask = attention_mask(items, self.cfg.attention, self.cfg.window)
-        x, weights = apply_blocks(self.blocks, x, keep, mask, return_weights)
+        x, weights = apply_blocks(self.blocks, x, keep, mask, return_weights, last_only)
         h = self.ln(x)
         return (h, weights) if return_weights else h

@@ -35,6 +35,6 @@ class TiedScores:
         """Next-item scores after the last position: (B, |V|+1), padding column = NEG."""
         if cats is None or slots is None:
             cats = slots = torch.zeros_like(items)
-        h = self(*inference_inputs(self, items, cats, slots))[:, -1]  # type: ignore[operator]
+        h = self(*inference_inputs(self, items, cats, slots), last_only=True)[:, -1]  # type: ignore[operator]
         scores = self.item_scores(h)
         return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
