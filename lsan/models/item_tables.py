@@ -187,30 +187,41 @@ class QRTable(_Composed):
     def grid_scores(self, h: torch.Tensor, mask_beyond: bool = True) -> torch.Tensor:
         """(P, D) -> (P, M) scores over every code tuple (M = prod m_n >= |V|+1).
 
-        Ids v are laid out in row-major order over the grid (m_N, ..., m_1), so table n's row
-        scores broadcast along its own axis; ids beyond the catalogue score NEG. Training uses
-        these M columns directly (no slicing copy); `scores` slices the first |V|+1.
+        Ids v are laid out in row-major order over the grid (m_N, ..., m_1). The arithmetic runs
+        on the same grid with its axes sorted by size, largest last: broadcasting along a tiny
+        inner axis (m1 = 2) is onnxruntime's slow path, a large last axis its fast one; one
+        transpose then puts the ids in order. Per-item constants are stored in id order and
+        transposed once (folded when a session loads). Ids beyond the catalogue score NEG.
+        Training uses these M columns directly (no slicing copy); `scores` slices |V|+1.
         """
         p, n_tables = h.shape[0], len(self.sizes)
-        grid = list(reversed(self.sizes))  # (m_N, ..., m_1)
+        id_grid = list(reversed(self.sizes))  # (m_N, ..., m_1): row-major = id order
+        order = sorted(range(n_tables), key=lambda n: (self.sizes[n], -n))  # tables, largest last
+        axes = [n_tables - 1 - n for n in order]  # their axes in id_grid
+        shape = [self.sizes[n] for n in order]
+
+        def laid_out(per_id: torch.Tensor) -> torch.Tensor:  # (M,) in id order -> compute grid
+            return per_id.view(id_grid).permute(axes).reshape(1, *shape)
+
         pad = math.prod(self.sizes) - self.num_ids
         total = None
         if self.item_bias is not None:
             beyond = NEG if mask_beyond else 0.0
-            total = F.pad(self.item_bias, (0, pad), value=beyond).view(1, *grid)
+            total = laid_out(F.pad(self.item_bias, (0, pad), value=beyond))
         weights = F.pad(self.item_weights.T, (0, pad)) if self.item_weights is not None else None
-        for n, t in enumerate(self.tables):
-            shape = [p] + [1] * n_tables
-            shape[n_tables - n] = self.sizes[n]
-            part = F.linear(h, t).view(shape)  # (P, 1.., m_n, ..1); one copy of t in ONNX
+        for i, n in enumerate(order):
+            view = [p] + [1] * n_tables
+            view[1 + i] = self.sizes[n]
+            part = F.linear(h, self.tables[n]).view(view)  # one copy of the table in ONNX
             if weights is not None:
-                part = part * weights[n].view(1, *grid)
+                part = part * laid_out(weights[n])
             total = part if total is None else total + part
         assert total is not None
         if self.item_bias is None and pad and mask_beyond:
             beyond_mask = F.pad(torch.zeros(self.num_ids, device=h.device), (0, pad), value=NEG)
-            total = total + beyond_mask.view(1, *grid)
-        return total.reshape(p, -1)
+            total = total + laid_out(beyond_mask)
+        back = [0] + [1 + axes.index(a) for a in range(n_tables)]  # compute grid -> id order
+        return total.permute(back).reshape(p, -1)
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         lead = h.shape[:-1]
