@@ -1,7 +1,9 @@
 """`lsan` command line: thin subcommands that parse flags into configs and call the library.
 
-Every user mistake (unknown dataset or model, missing files, bad --set, corrupt checkpoint) ends
-as one `error: ...` line on stderr and exit status 2, never a traceback.
+Every user mistake (unknown dataset or model, missing files, bad --set, an unloadable checkpoint
+or data file) ends as one `error: <path or setting>: <reason>` line on stderr and exit status 2;
+`lsan --debug ...` adds the traceback. Warnings (e.g. uninformative categories) are one
+`warning: ...` line each.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import dataclasses
 import json
 import logging
 import os
+import pickle
 import sys
+import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
-from lsan.checkpoint import CheckpointError, load_model
 from lsan.config import (
     ConfigError,
     DataConfig,
@@ -25,9 +29,18 @@ from lsan.config import (
     parse_sets,
     read_config_file,
 )
-from lsan.data.prepare import DATASETS, data_root, dataset_stats, load_dataset
-from lsan.data.readers import DataError
 from lsan.tables import markdown_table
+
+# lsan.checkpoint (torch) and lsan.data (pandas) are imported where used: `lsan serve` runs on
+# the device install, which has neither.
+
+
+def load_dataset(*args: Any, **kwargs: Any) -> Any:
+    """lsan.data.prepare.load_dataset, imported when first needed (it brings pandas)."""
+    from lsan.data.prepare import load_dataset as load
+
+    return load(*args, **kwargs)
+
 
 METRIC_COLUMNS = ["HR@5", "NDCG@5", "HR@10", "NDCG@10", "HR@20", "NDCG@20", "MRR@10"]
 
@@ -40,6 +53,7 @@ def build_run(
     **flags: Any,
 ) -> RunConfig:
     """defaults -> config file -> --set -> explicit flags (dataset, model, data_dir, device, ...)."""
+    from lsan.data.prepare import DATASETS
     from lsan.models import model_config
 
     tree = read_config_file(config_file) if config_file else {}
@@ -61,7 +75,9 @@ def build_run(
     run = override(RunConfig(model_name=name), tree)
     run = dataclasses.replace(run, model=model_config(name, model_values))
     if run.data.dataset not in DATASETS:
-        raise ConfigError(f"unknown dataset '{run.data.dataset}' (known: {', '.join(DATASETS)})")
+        raise ConfigError(
+            f"data.dataset: unknown dataset '{run.data.dataset}' (known: {', '.join(DATASETS)})"
+        )
     return run
 
 
@@ -79,6 +95,9 @@ def metrics_rows(results: dict[str, dict[str, Any]], split: str = "test") -> lis
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
+    from lsan.data.prepare import DATASETS, dataset_stats
+    from lsan.data.readers import DataError
+
     names = DATASETS if args.dataset == "all" else [args.dataset]
     rows = []
     for name in names:
@@ -90,7 +109,7 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
             print(f"skipped {name}: {exc}", file=sys.stderr)
             continue
         rows.append(
-            ds.stats
+            ds.stats | dataset_stats(ds)
             if args.json
             else dataset_stats(ds) | {"k-core rounds": ds.stats["filter_rounds"]}
         )
@@ -98,17 +117,22 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
         print(json.dumps(rows if args.dataset == "all" else rows[0], indent=2))
     else:
         cols = ["dataset", "users", "items", "interactions", "avg_length", "density",
-                "categories", "time_slots", "slot_rule", "k-core rounds"]  # fmt: skip
+                "categories", "largest category", "time_slots", "slot_rule", "k-core rounds"]  # fmt: skip
         for r in rows:
             r["density"] = f"{100 * r['density']:.3f}%"
+            share = r["largest_category_share"]
+            r["largest category"] = "–" if share is None else f"{100 * share:.1f}%"
         print(markdown_table(rows, cols))
     return 0
 
 
 def cmd_data_download(args: argparse.Namespace) -> int:
     from lsan.data.download import download
+    from lsan.data.prepare import data_root
 
-    target = download(args.dataset, data_root(args.data_dir), url=args.url, md5=args.md5)
+    target = download(
+        args.dataset, data_root(args.data_dir), url=args.url, md5=args.md5, mirror=args.mirror
+    )
     print(f"{args.dataset} ready in {target}")
     return 0
 
@@ -134,6 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from lsan.checkpoint import CheckpointError, load_model
     from lsan.evaluate import evaluate
     from lsan.train import resolve_device
 
@@ -146,10 +171,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         args.cache_dir or data.cache_dir,
         data.min_count,
     )
-    if ds.num_items != info.num_items:
-        raise CheckpointError(
-            f"dataset '{ds.name}' has {ds.num_items} items but the checkpoint expects {info.num_items}"
-        )
+    have = {"items": ds.num_items, "categories": ds.num_categories, "time slots": ds.num_slots}
+    want = {
+        "items": info.num_items,
+        "categories": info.num_categories,
+        "time slots": info.num_slots,
+    }
+    for what in have:
+        if have[what] != want[what]:
+            raise CheckpointError(
+                f"{Path(args.checkpoint) / 'config.json'}: dataset '{ds.name}' now has "
+                f"{have[what]} {what}, the checkpoint was trained on {want[what]}"
+            )
     ecfg = dataclasses.replace(run.eval, mask_seen=not args.no_mask_seen)
     metrics = evaluate(model, ds, args.split, info.max_len, ecfg, device)
     out = {"checkpoint": str(args.checkpoint), "model": run.model_name, "dataset": ds.name,
@@ -184,27 +217,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rows = metrics_rows(results)
     columns = ["model", *METRIC_COLUMNS, "params", "s/epoch"]
     if not args.no_export:
-        from export.export import export
+        from lsan.export.export import export
 
         logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization's advice on stderr
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
         columns += ["artifact", "artifact bytes", "artifact NDCG@10", "p50 ms"]
+        (out / "artifacts").mkdir(exist_ok=True)
         for row in rows:
             if row["model"] == "pop":
                 continue
             print(f"== exporting {row['model']}", flush=True)
-            meta = export(out / row["model"], out / row["model"] / "artifact", log=lambda *_: None,
+            # beside the checkpoints, not inside them (the exporter refuses that)
+            meta = export(out / row["model"], out / "artifacts" / row["model"], log=lambda *_: None,
                           data_dir=args.data_dir)  # fmt: skip
-            chosen = meta["parity"][meta["quantization"]]
-            row.update({"artifact": meta["quantization"], "artifact bytes": meta["bytes"],
-                        "artifact NDCG@10": meta["test_metrics"]["NDCG@10"], "p50 ms": chosen["latency_ms_b1"]})  # fmt: skip
+            chosen = meta.parity[meta.quantization]
+            row.update({"artifact": meta.quantization, "artifact bytes": meta.artifact_bytes,
+                        "artifact NDCG@10": (meta.test_metrics or {}).get("NDCG@10"),
+                        "p50 ms": chosen.latency_ms_b1})  # fmt: skip
     table = markdown_table(rows, columns)
     print(f"\n{args.dataset}: test split, leave-one-out, full ranking, seen items masked\n{table}")
     (out / "results.md").write_text(table + "\n")
     neural = [out / r["model"] for r in rows if r["model"] != "pop"]
     if not args.no_bench and neural:
-        from benchmarks.run import main as bench_main
+        from lsan.benchmarks.run import main as bench_main
 
         print("== quick benchmark (size, memory, latency, catalogue scaling)", flush=True)
         argv = ["--checkpoints", *map(str, neural), "--name", "demo", "--quick", "--out", str(out / "bench"),
@@ -216,6 +252,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from lsan.checkpoint import CheckpointError
     from lsan.report import collect, write_report
 
     rows = collect([Path(p) for p in args.checkpoints], args.reference)
@@ -308,9 +345,13 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from lsan.data.prepare import DATASETS
+    from lsan.data.readers import REAL_DATASETS
     from lsan.models import MODELS
 
     ap = argparse.ArgumentParser(prog="lsan", description=__doc__.splitlines()[0])
+    ap.add_argument("--debug", action="store_true",
+                    help="show the traceback of an error (accepted anywhere on the line)")  # fmt: skip
     sub = ap.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="dataset statistics and downloads")
@@ -321,12 +362,18 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     _data_flags(st)
     st.set_defaults(func=cmd_data_stats)
-    dl = dsub.add_parser("download", help="fetch a MovieLens zip from GroupLens and unpack it")
-    dl.add_argument("dataset", choices=["ml-100k", "ml-1m"])
-    dl.add_argument("--url", default=None, help="mirror URL (default: the canonical GroupLens URL)")
-    dl.add_argument(
-        "--md5", default=None, help="expected md5 of the zip (default: GroupLens' published sum)"
+    dl = dsub.add_parser(
+        "download",
+        help="fetch a real dataset from its source, checked and laid out for the readers",
     )
+    dl.add_argument("dataset", choices=list(REAL_DATASETS))
+    dl.add_argument("--url", default=None, help="MovieLens: zip URL (default: GroupLens')")
+    dl.add_argument(
+        "--md5", default=None, help="MovieLens: md5 of that zip (default: GroupLens' published sum)"
+    )
+    dl.add_argument("--mirror", default=None, metavar="BASE_URL",
+                    help="base URL holding the files in the data-dir layout "
+                         "(e.g. BASE_URL/beauty/s3rec/Beauty.txt) instead of the sources")  # fmt: skip
     _data_flags(dl)
     dl.set_defaults(func=cmd_data_download)
 
@@ -433,32 +480,65 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+# what an unusable input raises; anything else is a bug, still one line without --debug
+def user_errors() -> tuple[type[Exception], ...]:
+    """The errors that are the user's: one line, no traceback."""
+    from lsan.checkpoint import CheckpointError
+    from lsan.data.readers import DataError
+
+    return (ConfigError, DataError, CheckpointError, ValueError, OSError, pickle.UnpicklingError)
+
+
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:  # fmt: skip
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     if argv[:1] == ["export"]:  # the exporter owns its flags (also `python export/export.py`)
-        from export.export import main as export_main
+        from lsan.export.export import main as export_main
 
-        return export_main(argv[1:])
+        # the exporter reports its errors as one line with status 1; lsan's status for them is 2
+        status = export_main(argv[1:])
+        return 2 if status == 1 else status
     if argv[:1] == ["serve"]:  # the server owns its flags (also `python -m serving`)
-        from serving.__main__ import main as serve_main
+        from lsan.serving.__main__ import main as serve_main
 
         return serve_main(argv[1:])
     if argv[:1] == [
         "bench"
     ]:  # the benchmark suite owns its flags (also `python -m benchmarks.run`)
-        from benchmarks.run import main as bench_main
+        from lsan.benchmarks.run import main as bench_main
 
         return bench_main(argv[1:])
-    args = parser().parse_args(argv)
-    args.command_line = " ".join(["lsan", *argv])
     try:
-        return int(args.func(args))
-    except (ConfigError, DataError, CheckpointError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        ap = parser()
+    except ModuleNotFoundError as exc:  # the device install (lsan[serve]) has only `lsan serve`
+        print(f"error: {exc}: this command needs the training install, pip install 'lsan[train]'",
+              file=sys.stderr)  # fmt: skip
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    args = ap.parse_args(argv)
+    args.command_line = " ".join(["lsan", *argv])
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line
+        try:
+            return int(args.func(args))
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        except Exception as exc:  # noqa: BLE001 (the one place every error becomes one line)
+            if debug:
+                traceback.print_exc()
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            if isinstance(exc, user_errors()):
+                print(f"error: {text}", file=sys.stderr)
+            else:
+                print(f"error: {type(exc).__name__}: {text} (rerun with --debug for the traceback)",
+                      file=sys.stderr)  # fmt: skip
+            return 2
 
 
 if __name__ == "__main__":

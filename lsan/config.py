@@ -3,15 +3,24 @@
 Every section is a frozen dataclass; a run is `RunConfig(data, model_name, model, train, eval)`.
 Overrides are dotted keys (`train.lr=3e-4`, `model.dim=128`, `data.max_len=200`) coerced to the
 field's declared type, so a typo or a wrong type is a clear error instead of a silent default.
+
+Every value is validated when it is parsed, with the dotted name in the message: its type (an
+int field never truncates 1.5, a bool is not a number, numbers are finite) and its range or
+choices from `RULES`, keyed by "section.field" for this module's sections and by the bare field
+name for the model configs (`dim`, `dropout`, ... mean the same in every model file), so each
+model's config is checked by the same `override` without code in the model files.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +42,9 @@ class DataConfig:
         0  # longest history fed to a model, in items; 0 = dataset default (50; 200 for ML-1M)
     )
 
+    def __post_init__(self) -> None:
+        validate(self, "data.")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -52,8 +64,14 @@ class TrainConfig:
     compile: bool = False  # torch.compile the training step (CUDA; the first steps are slow)
     teacher: str = ""  # checkpoint directory of a trained teacher for distillation ("" = none)
     teacher_sha256: str = ""  # digest of the teacher's model.pt, recorded when training starts
-    kd_weight: float = 0.5  # share of the distillation loss: (1 - w) CE + w T^2 KL(teacher || student)
+    kd_weight: float = (
+        0.5  # share of the distillation loss: (1 - w) CE + w T^2 KL(teacher || student)
+    )
     kd_temperature: float = 1.0  # softmax temperature of both sides of the distillation loss
+    teacher_init: bool = False  # start from the teacher's weights where names and shapes match
+
+    def __post_init__(self) -> None:
+        validate(self, "train.")
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,9 @@ class EvalConfig:
     mask_seen: bool = True  # exclude every item already in the user's history from the ranking
     batch_size: int = 512  # users scored per evaluation step
     max_scores: int = 2**24  # most scores held at once (users x (|V|+1)): bounds big catalogues
+
+    def __post_init__(self) -> None:
+        validate(self, "eval.")
 
 
 @dataclass(frozen=True)
@@ -78,8 +99,139 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+# ---------------------------------------------------------------- validation
+
+# A rule is (test, what a valid value is), or (test, the whole message with {name} and {value}).
+# Choices the models define are repeated here because this module is upstream of lsan.models;
+# tests/test_config.py checks that both lists agree.
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def _at_least(low: int | float) -> Rule:
+    return (lambda v: v >= low), f"must be >= {low}"
+
+
+def _above(low: float) -> Rule:
+    return (lambda v: v > low), f"must be > {low}"
+
+
+def _unit(high_open: bool) -> Rule:
+    if high_open:
+        return (lambda v: 0 <= v < 1), "must be in [0, 1)"
+    return (lambda v: 0 <= v <= 1), "must be in [0, 1]"
+
+
+def _one_of(*choices: str) -> Rule:
+    # {name} and {value} are filled in by validate: "model.backbone: unknown backbone 't5' (...)"
+    return (lambda v: v in choices), f"unknown {{name}} {{value!r}} (known: {', '.join(choices)})"
+
+
+def _ks(v: tuple[int, ...]) -> bool:
+    return len(v) > 0 and all(k >= 1 for k in v) and 10 in v
+
+
+RULES: dict[str, Rule] = {
+    # data
+    "data.dataset": ((lambda v: v != ""), "must name a dataset"),
+    "data.min_count": _at_least(1),
+    "data.max_len": _at_least(0),
+    # train
+    "train.lr": _above(0),
+    "train.batch_size": _at_least(1),
+    "train.weight_decay": _at_least(0),
+    "train.epochs": _at_least(1),
+    "train.patience": _at_least(1),
+    "train.eval_every": _at_least(1),
+    "train.seed": ((lambda v: 0 <= v < 2**32), "must be in [0, 2**32)"),
+    "train.device": (
+        (lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None),
+        "must be auto, cpu, mps, cuda or cuda:N",
+    ),
+    "train.threads": _at_least(0),
+    "train.max_minutes": _at_least(0),
+    "train.loss": _one_of("ce", "bpr", "sampled"),
+    "train.negatives": _at_least(1),
+    "train.amp": _one_of("auto", "bf16", "off"),
+    "train.teacher_sha256": (
+        (lambda v: re.fullmatch(r"|[0-9a-f]{64}", v) is not None),
+        "must be empty or 64 lowercase hex digits (a sha256)",
+    ),
+    "train.kd_weight": _unit(high_open=False),
+    "train.kd_temperature": _above(0),
+    # eval
+    "eval.ks": (_ks, "must be cut-offs >= 1 that include 10 (NDCG@10 selects the model)"),
+    "eval.batch_size": _at_least(1),
+    "eval.max_scores": _at_least(1),
+    # model configs (lsan/models/*.py), by field name
+    "dim": _at_least(1),
+    "user_dim": _at_least(1),
+    "layers": _at_least(1),
+    "heads": _at_least(1),
+    "ffn_mult": _at_least(1),
+    "kernel": _at_least(1),
+    "window": _at_least(1),
+    "tables": _at_least(1),
+    "code_size": _at_least(1),
+    "m1": _at_least(0),
+    "own_rows": _at_least(0),
+    "n_h": _at_least(0),
+    "n_v": _at_least(0),
+    "dropout": _unit(high_open=True),
+    "mask_prob": _unit(high_open=True),
+    "sse_user": _unit(high_open=False),
+    "sse_item": _unit(high_open=False),
+    "init_std": _above(0),
+    "attention": _one_of("causal", "bidirectional", "local"),
+    "train_scores": _one_of("factorised", "matrix"),
+    "item_table": _one_of("full", "qr", "codes"),
+    "codes_from": _one_of("arithmetic", "popularity", "teacher"),
+    "backbone": _one_of("gpt2", "llama", "bert", "albert"),
+}
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    """Whether a constructed field value has its declared type (bool is no number here)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return value is None or any(_type_ok(value, a) for a in typing.get_args(tp))
+    if origin is tuple:
+        (item_tp, *_) = typing.get_args(tp)
+        return isinstance(value, tuple) and all(_type_ok(v, item_tp) for v in value)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        )
+    if tp in (bool, str):
+        return isinstance(value, tp)
+    return True
+
+
+def validate(cfg: Any, prefix: str = "") -> None:
+    """Check every field of dataclass `cfg` for its type and its rule; ConfigError names it."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        key, value, tp = f"{prefix}{f.name}", getattr(cfg, f.name), hints[f.name]
+        if dataclasses.is_dataclass(value) or tp is Any:
+            continue
+        if not _type_ok(value, tp):
+            name = getattr(tp, "__name__", str(tp))
+            raise ConfigError(f"{key}: expected {name}, got {value!r}")
+        test, text = RULES.get(key) or RULES.get(f.name) or ((lambda v: True), "")
+        if not test(value):
+            if "{name}" in text:
+                raise ConfigError(f"{key}: " + text.format(name=f.name, value=value))
+            raise ConfigError(f"{key}: {text}, got {value!r}")
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Convert a parsed value (from JSON, TOML or a --set string) to the declared field type."""
+    """Convert a parsed value (from JSON, TOML or a --set string) to the declared field type.
+
+    Only exact conversions: "7", 7.0 and "1e3" are ints, 1.5 and "1.5" are not; booleans are not
+    numbers; strings are not read from numbers (a TOML `data_dir = 5` is an error).
+    """
+    given = value
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -104,15 +256,31 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return False
             raise ValueError(value)
         if tp is int:
-            if isinstance(value, float) and not value.is_integer():
+            if isinstance(value, bool):
                 raise ValueError(value)
-            return int(float(value)) if isinstance(value, str) else int(value)
+            if isinstance(value, str):
+                try:
+                    return int(value.strip())
+                except ValueError:
+                    value = float(value)
+            if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+                raise ValueError(value)
+            if not isinstance(value, int | float):
+                raise ValueError(value)
+            return int(value)
         if tp is float:
-            return float(value)
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                raise ValueError(value)
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError(value)
+            return number
         if tp is str:
-            return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: cannot read {value!r} as {tp.__name__}") from None
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return value
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{key}: cannot read {given!r} as {tp.__name__}") from None
     return value
 
 
@@ -134,7 +302,9 @@ def override(cfg: Any, values: dict[str, Any], prefix: str = "") -> Any:
             )
         else:
             changes[name] = _coerce(value, hints[name], key)
-    return dataclasses.replace(cfg, **changes)
+    out = dataclasses.replace(cfg, **changes)
+    validate(out, prefix)
+    return out
 
 
 def parse_sets(pairs: list[str]) -> dict[str, Any]:

@@ -16,12 +16,15 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from lsan import distributed
 from lsan.checkpoint import (
+    check_resume,
     dataset_record,
     load_model,
+    read_config,
     save_config,
     save_tensors,
     write_json,
@@ -29,6 +32,7 @@ from lsan.checkpoint import (
 from lsan.config import RunConfig
 from lsan.data.batching import item_counts, train_tensors
 from lsan.data.prepare import SeqDataset, default_max_len, load_dataset
+from lsan.distill import TeacherError, init_from_teacher, load_teacher, prepare_codes
 from lsan.models import DataInfo, build_model, model_config
 from lsan.models.objectives import LOSSES
 from lsan.models.pop import Pop
@@ -67,6 +71,23 @@ def resolve(run: RunConfig, ds: SeqDataset) -> tuple[RunConfig, DataInfo]:
     return run, info
 
 
+def attach_teacher(
+    run: RunConfig, info: DataInfo, device: torch.device, resumed: Path | None
+) -> tuple[RunConfig, nn.Module | None, dict[str, str]]:
+    """Load `train.teacher` (if any) and record its digest in the run; a resume keeps its teacher."""
+    tc = run.train
+    if not tc.teacher:
+        return run, None, {}
+    if tc.loss != "ce":
+        raise TeacherError(f"distillation (train.teacher) needs train.loss=ce, not {tc.loss}")
+    expected = ""
+    if resumed is not None and (resumed / "config.json").is_file():
+        expected = read_config(resumed)[0].train.teacher_sha256
+    teacher, digest, name = load_teacher(tc.teacher, info, device, expected)
+    run = dataclasses.replace(run, train=dataclasses.replace(tc, teacher_sha256=digest))
+    return run, teacher.to(device), {"path": tc.teacher, "sha256": digest, "model": name}
+
+
 def train(
     run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True,
     ds: SeqDataset | None = None, command: str = "",
@@ -97,11 +118,19 @@ def train(
     run, info = resolve(run, ds)
     model = build_model(run.model_name, run.model, info).to(device)
     data = train_tensors(ds, info.max_len).to(device)
+    run, teacher, teacher_record = attach_teacher(run, info, device, out if resume else None)
+    tc = run.train
+    codes = prepare_codes(model, item_counts(ds), teacher, tc.seed)
+    if tc.teacher_init:
+        if teacher is None:
+            raise TeacherError("train.teacher_init needs a teacher (--teacher CKPT)")
+        teacher_record["initialised_from"] = f"{len(init_from_teacher(model, teacher))} tensors"
     trainable = getattr(model, "trainable", True)
     if not trainable:
         cast(Pop, model).fit_counts(torch.as_tensor(item_counts(ds)))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay) if params else None
+    check_resume(out, run, info, model, resume)  # a refused --resume leaves `out` untouched
     out.mkdir(parents=True, exist_ok=True)
     if ctx.main:
         save_config(out, run, info)
@@ -118,7 +147,7 @@ def train(
         state = {k: saved[k] for k in state}
     elif ctx.main and log_path.exists():
         log_path.unlink()
-    step = distributed.loss_step(model, tc, ctx) if trainable else None
+    step = distributed.loss_step(model, tc, ctx, teacher) if trainable else None
 
     # ---- epochs: shuffle, step on every batch, evaluate, keep the best, stop early
     epochs = tc.epochs if trainable else 1
@@ -204,6 +233,8 @@ def train(
         "parameters": sum(p.numel() for p in best.parameters()),
         "model_bytes": (out / "model.pt").stat().st_size,
         "command": command,
+        "teacher": teacher_record,
+        "codes": codes,
         "device": str(device),
         "processes": ctx.world,
         "protocol": {

@@ -1,4 +1,10 @@
 import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
 
 from lsan.cli import main
 
@@ -69,7 +75,7 @@ def test_demo_prints_side_by_side_table(tmp_path, capsys):
     assert "| pop " in out and "| sasrec " in out and "| lsan " in out and "artifact bytes" in out
     assert (tmp_path / "results.md").is_file() and (tmp_path / "sasrec" / "model.pt").is_file()
     for model in ("sasrec", "lsan"):
-        assert (tmp_path / model / "artifact" / "model.onnx").is_file()
+        assert (tmp_path / "artifacts" / model / "model.onnx").is_file()
 
 
 def test_user_errors_are_one_line(tmp_path, capsys):
@@ -103,3 +109,209 @@ def test_user_errors_are_one_line(tmp_path, capsys):
             argv,
             err,
         )
+
+
+# ---------------------------------------------------------------- unusable inputs: one line, exit 2
+
+
+class Payload:
+    """A pickle that would create `marker` when unpickled without weights_only."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int, bytes]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.iterdir())}  # fmt: skip
+
+
+TRAIN = ["train", "--dataset", "synthetic", "--model", "sasrec", *FAST, "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A 1-epoch SASRec checkpoint trained through the CLI (copied by each test that changes it)."""
+    out = tmp_path_factory.mktemp("finished") / "ck"
+    assert main([*TRAIN, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def ckpt(finished, tmp_path) -> Path:
+    out = tmp_path / "ck"
+    shutil.copytree(finished, out)
+    return out
+
+
+def _weights_of(name: str, values: dict, ckpt: Path) -> dict:
+    from lsan.checkpoint import read_config
+    from lsan.models import build_model, model_config
+
+    _, info = read_config(ckpt)
+    return build_model(name, model_config(name, values), info).state_dict()
+
+
+@pytest.mark.parametrize(
+    "case", ["malicious", "truncated", "empty", "other model", "other size", "not a dict"]
+)
+def test_unloadable_model_pt_is_one_line_for_evaluate_and_export(ckpt, tmp_path, capsys, case):
+    weights = ckpt / "model.pt"
+    marker = tmp_path / "executed"
+    if case == "malicious":
+        torch.save({"w": Payload(marker)}, weights)
+    elif case == "truncated":
+        weights.write_bytes(weights.read_bytes()[:200])
+    elif case == "empty":
+        weights.write_bytes(b"")
+    elif case == "other model":
+        torch.save(_weights_of("lsan", {"dim": 16}, ckpt), weights)
+    elif case == "other size":
+        torch.save(_weights_of("sasrec", {"dim": 32, "layers": 1}, ckpt), weights)
+    else:
+        torch.save([torch.zeros(2)], weights)
+    reason = {"malicious": "not a tensor-only checkpoint: refused", "truncated": "truncated",
+              "empty": "truncated", "other model": "weights of another model",
+              "other size": "weights of another size", "not a dict": "not a state dict"}[case]  # fmt: skip
+    assert main(["evaluate", str(ckpt), "--device", "cpu"]) == 2
+    line = _one_error_line(capsys)
+    assert f"{weights}: " in line and reason in line, line
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "art"), "--no-eval"]) == 2
+    line = _one_error_line(capsys)
+    assert f"{weights}: " in line and reason in line, line
+    assert not marker.exists()  # the pickle's code never ran
+    assert not (tmp_path / "art").exists()
+
+
+def test_debug_adds_the_traceback(ckpt, capsys):
+    (ckpt / "model.pt").write_bytes(b"")
+    assert main(["--debug", "evaluate", str(ckpt), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: ")
+    assert main(["evaluate", str(ckpt), "--device", "cpu", "--debug"]) == 2  # anywhere on the line
+    assert "Traceback" in capsys.readouterr().err
+
+
+RESUME_REFUSALS = {
+    "changed dim": (["--set", "model.dim=32"], "model.dim: stored 16, requested 32"),
+    "other model": (["--model", "lsan"], "model_name: stored 'sasrec', requested 'lsan'"),
+    "changed lr": (["--set", "train.lr=0.5"], "train.lr: stored 0.001, requested 0.5"),
+    "added teacher": (
+        ["--teacher", "{teacher}"],
+        "train.teacher: stored '', requested '{teacher}'",
+    ),
+    "malicious state": ([], "trainer_state.pt: not a tensor-only checkpoint: refused"),
+    "truncated state": ([], "trainer_state.pt: truncated or not a torch checkpoint"),
+    "state of another size": ([], "trainer_state.pt: weights of another size"),
+    "state without progress": ([], "trainer_state.pt: lacks the trainer state"),
+    "malicious model.pt": ([], "model.pt: not a tensor-only checkpoint: refused"),
+    "corrupt log": ([], "train_log.jsonl:2: not a JSON line"),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUME_REFUSALS))
+def test_refused_resume_changes_nothing_on_disk(ckpt, finished, tmp_path, capsys, case):
+    extra, reason = RESUME_REFUSALS[case]
+    extra = [a.format(teacher=finished) for a in extra]  # a real checkpoint as the teacher
+    reason = reason.format(teacher=finished)
+    state = ckpt / "trainer_state.pt"
+    marker = tmp_path / "executed"
+    if case == "malicious state":
+        torch.save({"model": Payload(marker)}, state)
+    elif case == "truncated state":
+        state.write_bytes(state.read_bytes()[:300])
+    elif case == "state of another size":
+        saved = torch.load(state, weights_only=True)
+        torch.save(saved | {"model": _weights_of("sasrec", {"dim": 32, "layers": 1}, ckpt)}, state)
+    elif case == "state without progress":
+        torch.save({"model": torch.load(state, weights_only=True)["model"]}, state)
+    elif case == "malicious model.pt":
+        torch.save({"w": Payload(marker)}, ckpt / "model.pt")
+    elif case == "corrupt log":
+        with open(ckpt / "train_log.jsonl", "a") as fh:
+            fh.write("{half a line\n")
+    before = _snapshot(ckpt)
+    argv = [*TRAIN, "--out", str(ckpt), "--resume", "--set", "train.epochs=2", *extra]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert reason in line, line
+    assert str(ckpt) in line
+    assert _snapshot(ckpt) == before  # config.json, model.pt, the log: untouched
+    assert not marker.exists()
+
+
+def test_resume_may_change_the_run_length(ckpt, capsys):
+    argv = [*TRAIN, "--out", str(ckpt), "--resume", "--set", "train.epochs=2",
+            "--set", "train.patience=3", "--set", "train.max_minutes=5"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    assert len((ckpt / "train_log.jsonl").read_text().splitlines()) == 2
+    assert json.loads((ckpt / "config.json").read_text())["run"]["train"]["epochs"] == 2
+    capsys.readouterr()
+    assert main(["evaluate", str(ckpt), "--device", "cpu"]) == 0
+
+
+def test_evaluate_refuses_a_dataset_that_changed_shape(ckpt, capsys):
+    config = json.loads((ckpt / "config.json").read_text())
+    config["info"]["num_categories"] += 5  # as if the category rule had changed
+    (ckpt / "config.json").write_text(json.dumps(config))
+    assert main(["evaluate", str(ckpt), "--device", "cpu"]) == 2
+    line = _one_error_line(capsys)
+    assert f"{ckpt / 'config.json'}: " in line and "categories" in line
+
+
+def test_bad_settings_are_one_line_naming_the_setting(tmp_path, capsys):
+    for setting, reason in [("train.epochs=1.5", "train.epochs: cannot read '1.5' as int"),
+                            ("train.threads=-3", "train.threads: must be >= 0"),
+                            ("model.dim=-5", "model.dim: must be >= 1"),
+                            ("model.dim=0", "model.dim: must be >= 1"),
+                            ("train.batch_size=0", "train.batch_size: must be >= 1")]:  # fmt: skip
+        out = tmp_path / setting
+        assert main([*TRAIN, "--set", setting, "--out", str(out)]) == 2
+        assert reason in _one_error_line(capsys)
+        assert not out.exists()
+
+
+def _u_item(n: int) -> str:
+    return "".join(f"{i}|Movie {i}|01-Jan-1995||http://example.invalid/{i}|" + "|".join(
+        "1" if g == i % 19 else "0" for g in range(19)) + "\n" for i in range(1, n + 1))  # fmt: skip
+
+
+TOO_BIG = str(2**64 + 7)  # above int64 (and uint64)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "files", "bad_file", "reason"),
+    [
+        ("ml-100k", {"ml-100k/u.data": f"1\t1\t5\t874965758\n2\t{TOO_BIG}\t3\t876893171\n",
+                     "ml-100k/u.item": _u_item(3)}, "ml-100k/u.data", f"u.data:2: {TOO_BIG} does not fit"),
+        ("ml-100k", {"ml-100k/u.data": "1\t1\t5\t874965758\n2\tx\t3\t876893171\n",
+                     "ml-100k/u.item": _u_item(3)}, "ml-100k/u.data", "u.data:2: expected integers"),
+        ("ml-1m", {"ml-1m/ratings.dat": f"1::1::5::978300760\n{TOO_BIG}::2::3::978300761\n"},
+         "ml-1m/ratings.dat", f"ratings.dat:2: {TOO_BIG} does not fit"),
+        ("lastfm", {"lastfm/s3rec/LastFM.txt": f"1 10 11 12\n2 10 {TOO_BIG} 13\n"},
+         "lastfm/s3rec/LastFM.txt", f"LastFM.txt:2: {TOO_BIG} does not fit"),
+        ("lastfm", {"lastfm/s3rec/LastFM.txt": "1 10 11 12\n",
+                    "lastfm/s3rec/LastFM_item2attributes.json": f'{{"10": [{TOO_BIG}]}}'},
+         "lastfm/s3rec/LastFM_item2attributes.json", "does not fit in 64 bits"),
+        ("video", {"video/sasrec/Video.txt": f"1 1\n1 {TOO_BIG}\n"}, "video/sasrec/Video.txt",
+         f"Video.txt:2: {TOO_BIG} does not fit"),
+    ],
+)  # fmt: skip
+def test_bad_ids_in_data_files_are_one_line(tmp_path, capsys, dataset, files, bad_file, reason):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    argv = ["data", "stats", "--dataset", dataset, "--data-dir", str(tmp_path)]
+    assert main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 2
+    line = _one_error_line(capsys)
+    assert f"{tmp_path / bad_file}" in line and reason in line, line

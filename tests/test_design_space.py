@@ -187,7 +187,19 @@ def test_compare_writes_ar_vs_ae_table(small_ds, tmp_path, monkeypatch, capsys):
                  "model.dim=16", "--out", str(tmp_path / "runs"), "--results",
                  str(tmp_path / "res"), "--quiet"]) == 0  # fmt: skip
     assert "reusing" in capsys.readouterr().out
-    assert lsan.compare.METRICS[0] == "HR@5"
+    # every cell is its checkpoint's own test metric, and "AR over AE" is the ratio of two of them
+    tests = {run: json.loads((tmp_path / "runs" / run / "metrics.json").read_text())["test"]
+             for run in ("sasrec", "bert4rec", "ar2")}  # fmt: skip
+    for row in record["rows"]:
+        assert {m: row[m] for m in lsan.compare.METRICS} == {
+            m: tests[row["run"]][m] for m in lsan.compare.METRICS
+        }
+    (pair,) = [row for row in record["table"] if row["run"] == "sasrec over bert4rec"]
+    (best,) = [row for row in record["table"] if row["run"] == "AR over AE (best vs best)"]
+    for m in lsan.compare.METRICS:
+        ar, ae, ar2 = tests["sasrec"][m], tests["bert4rec"][m], tests["ar2"][m]
+        assert pair[m] == (f"{ar / ae - 1:+.1%}" if ae > 0 else "-")
+        assert best[m] == (f"{max(ar, ar2) / ae - 1:+.1%}" if ae > 0 else "-")
 
 
 def test_compare_rejects_settings_for_unknown_runs(capsys):

@@ -1,9 +1,12 @@
-"""lsan.data.download against a local loopback HTTP server serving one in-memory zip."""
+"""lsan.data.download against a local loopback HTTP server: a MovieLens zip and raw files."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
+import re
+import socket
 import threading
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,8 +16,9 @@ import numpy as np
 import pytest
 
 from lsan.cli import main
-from lsan.data.download import download
-from lsan.data.readers import DataError, read_ml100k
+from lsan.data.download import DOWNLOADS, FILES, download
+from lsan.data.readers import REAL_DATASETS, DataError, read_dataset, read_ml100k
+from lsan.digest import file_digest
 
 U_DATA = "".join(
     f"{u}\t{i}\t{r}\t{ts}\n"
@@ -61,6 +65,7 @@ class Server:
 
     def __init__(self) -> None:
         self.payload = ZIP
+        self.files: dict[str, bytes] = {}  # path -> body; when set, other paths are 404
         self.status = 200  # anything else: answer every request with that error status
         self.honour_range = True
         self.truncate_at: int | None = None  # send only this many body bytes, then close
@@ -69,10 +74,14 @@ class Server:
         self.httpd: ThreadingHTTPServer | None = None
 
     @property
-    def url(self) -> str:
+    def base(self) -> str:
         assert self.httpd is not None
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}/ml-100k.zip"
+        return f"http://{host}:{port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/ml-100k.zip"
 
 
 def _handler(state: Server) -> type[BaseHTTPRequestHandler]:
@@ -80,10 +89,10 @@ def _handler(state: Server) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             rng = self.headers.get("Range")
             state.requests.append({"path": self.path, "range": rng})
-            if state.status != 200:
-                self._reply(state.status, b"not here\n")
+            if state.status != 200 or (state.files and self.path not in state.files):
+                self._reply(state.status if state.status != 200 else 404, b"not here\n")
                 return
-            body = state.payload
+            body = state.files.get(self.path, state.payload)
             if rng and state.honour_range and rng.startswith("bytes=") and rng.endswith("-"):
                 start = int(rng[len("bytes=") : -1])
                 if start >= len(body):
@@ -253,10 +262,11 @@ def test_truncated_transfer_is_kept_for_resume(server, tmp_path):
 
 
 def test_unknown_download_name(tmp_path):
-    with pytest.raises(DataError, match="no download for 'beauty'") as err:
-        download("beauty", tmp_path)
-    assert "ml-100k" in str(err.value)
-    assert "ml-1m" in str(err.value)
+    with pytest.raises(DataError, match="no download for 'netflix'") as err:
+        download("netflix", tmp_path)
+    for name in REAL_DATASETS:  # every real dataset the readers know can be downloaded
+        assert name in str(err.value)
+    assert set(REAL_DATASETS) == set(DOWNLOADS) | set(FILES)
 
 
 def test_cli_download(server, tmp_path, capsys):
@@ -279,3 +289,142 @@ def test_cli_download_404_is_one_error_line(server, tmp_path, capsys):
     assert len(errors) == 1
     assert "HTTP 404" in errors[0]
     assert "Traceback" not in captured.err
+
+
+# ---------------------------------------------------------------- raw files (S3-Rec, TiCoSeRec, SASRec)
+
+# A tiny Beauty in the released formats: sequences, attributes, and TiCoSeRec's day-level times
+# (line u token k is the time of the sequence file's line u item k).
+BEAUTY = {
+    "beauty/s3rec/Beauty.txt": b"1 1 2 3 4 5\n2 2 3 4 5 1\n3 3 4 5 1 2\n4 4 5 1 2 3\n5 5 1 2 3 4\n",
+    "beauty/s3rec/Beauty_item2attributes.json": json.dumps(
+        {str(i): [1, 100 + i % 3] for i in range(1, 6)}
+    ).encode(),
+    "beauty/ticoserec/Beauty_time_org_rank.txt": "".join(
+        f"{u} " + " ".join(str(86400 * (u + k)) for k in range(5)) + "\n" for u in range(1, 6)
+    ).encode(),
+}
+VIDEO = {
+    "video/sasrec/Video.txt": "".join(
+        f"{u} {i}\n" for u in range(1, 6) for i in range(1, 6)
+    ).encode()
+}
+
+
+@pytest.fixture
+def mirror(server, monkeypatch):
+    """The server holds the fixture files in the data-root layout; their digests are recorded."""
+    server.files = {f"/{path}": body for path, body in {**BEAUTY, **VIDEO}.items()}
+    digests = {path: hashlib.sha256(body).hexdigest() for path, body in {**BEAUTY, **VIDEO}.items()}
+    monkeypatch.setattr("lsan.data.download.SHA256", digests)
+    return server
+
+
+def test_registry_points_at_pinned_sources_with_the_released_digests(shared_data):
+    from lsan.data.download import SHA256
+
+    for name, files in FILES.items():
+        for f in files:
+            assert re.fullmatch(
+                r"https://raw\.githubusercontent\.com/[\w.-]+/[\w.-]+/[0-9a-f]{40}/data/.+", f.url
+            )
+            assert f.url.rsplit("/", 1)[1] == f.path.rsplit("/", 1)[1]  # the released file name
+            assert f.path.split("/")[0] == name
+            local = shared_data / f.path
+            if local.is_file():  # the copies in ../shared/data are the released files
+                assert SHA256[f.path] == file_digest(local), f.path
+    assert set(SHA256) == {f.path for files in FILES.values() for f in files
+                           if (shared_data / f.path).is_file()}  # fmt: skip
+
+
+def test_beauty_download_lays_out_what_the_reader_needs(mirror, tmp_path):
+    target = download("beauty", tmp_path, mirror=mirror.base, progress=False)
+    assert target == tmp_path / "beauty"
+    for path, body in BEAUTY.items():
+        assert (tmp_path / path).read_bytes() == body
+    raw = read_dataset("beauty", tmp_path)
+    assert raw.timestamps is not None and len(raw.users) == 25
+    assert [p.name for p in raw.files] == ["Beauty.txt", "Beauty_item2attributes.json",
+                                           "Beauty_time_org_rank.txt"]  # fmt: skip
+    assert {p.name for p in (tmp_path / "beauty").rglob("*")} == {
+        "s3rec",
+        "ticoserec",
+        "Beauty.txt",
+        "Beauty_item2attributes.json",
+        "Beauty_time_org_rank.txt",
+    }  # no .part or .download left
+    seen = len(mirror.requests)
+    assert download("beauty", tmp_path, mirror=mirror.base, progress=False) == target
+    assert len(mirror.requests) == seen == 3  # present and checked: nothing fetched again
+
+
+def test_video_download(mirror, tmp_path):
+    download("video", tmp_path, mirror=mirror.base, progress=False)
+    assert len(read_dataset("video", tmp_path).users) == 25
+
+
+def test_raw_file_download_resumes(mirror, tmp_path):
+    body = BEAUTY["beauty/s3rec/Beauty.txt"]
+    part = tmp_path / "beauty" / "s3rec" / "Beauty.txt.download.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(body[:7])
+    download("beauty", tmp_path, mirror=mirror.base, progress=False)
+    assert mirror.requests[0] == {"path": "/beauty/s3rec/Beauty.txt", "range": "bytes=7-"}
+    assert mirror.responses[0] == 206
+    assert (tmp_path / "beauty" / "s3rec" / "Beauty.txt").read_bytes() == body
+
+
+def test_raw_file_checksum_mismatch_keeps_nothing(mirror, tmp_path, monkeypatch):
+    monkeypatch.setitem(
+        __import__("lsan.data.download", fromlist=["SHA256"]).SHA256,
+        "beauty/s3rec/Beauty_item2attributes.json",
+        "0" * 64,
+    )
+    with pytest.raises(DataError, match="Beauty_item2attributes.json: checksum mismatch"):
+        download("beauty", tmp_path, mirror=mirror.base, progress=False)
+    assert (tmp_path / "beauty" / "s3rec" / "Beauty.txt").is_file()  # checked, kept
+    assert sorted(p.name for p in (tmp_path / "beauty" / "s3rec").iterdir()) == ["Beauty.txt"]
+
+
+def test_an_existing_different_file_is_not_overwritten(mirror, tmp_path):
+    mine = tmp_path / "beauty" / "s3rec" / "Beauty.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("1 1 2 3 4 5\n")
+    with pytest.raises(DataError, match=r"Beauty\.txt: exists but its sha256 is"):
+        download("beauty", tmp_path, mirror=mirror.base, progress=False)
+    assert mine.read_text() == "1 1 2 3 4 5\n"
+    assert mirror.requests == []
+
+
+def test_a_file_without_recorded_digest_is_reported(mirror, tmp_path, monkeypatch):
+    del_key = "video/sasrec/Video.txt"
+    monkeypatch.delitem(__import__("lsan.data.download", fromlist=["SHA256"]).SHA256, del_key)
+    lines: list[str] = []
+    download("video", tmp_path, mirror=mirror.base, progress=False, log=lines.append)
+    digest = hashlib.sha256(VIDEO[del_key]).hexdigest()
+    assert lines == [f"warning: {del_key}: no recorded sha256 to check; received sha256 {digest}"]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_offline_is_one_clear_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    offline = f"http://127.0.0.1:{_closed_port()}"
+    for name in ("beauty", "ml-100k"):
+        argv = ["data", "download", name, "--data-dir", str(tmp_path), "--mirror", offline]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: cannot reach 127.0.0.1:"), err
+        assert "offline?" in err[0] and "rerun to resume" in err[0]
+
+
+def test_cli_download_beauty(mirror, tmp_path, capsys):
+    argv = ["data", "download", "beauty", "--data-dir", str(tmp_path), "--mirror", mirror.base]
+    assert main(argv) == 0
+    assert f"beauty ready in {tmp_path / 'beauty'}" in capsys.readouterr().out
+    assert main([*argv, "--md5", "0" * 32]) == 2  # the zip options are for MovieLens only
+    assert "use --mirror" in capsys.readouterr().err

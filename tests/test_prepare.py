@@ -1,8 +1,21 @@
+import json
+import warnings
+
 import numpy as np
 import pytest
 
-from lsan.data.prepare import UNKNOWN, build, kcore, load_dataset, slot_rule_for, time_slots
-from lsan.data.readers import DataError, RawData
+from lsan.checkpoint import dataset_record
+from lsan.data.prepare import (
+    UNKNOWN,
+    CategoryWarning,
+    build,
+    category_warning,
+    kcore,
+    load_dataset,
+    slot_rule_for,
+    time_slots,
+)
+from lsan.data.readers import S3REC_CATEGORY_RULE, DataError, RawData, read_dataset
 from lsan.data.synthetic import SyntheticConfig, generate
 
 
@@ -78,3 +91,96 @@ def test_cache_roundtrip(tmp_path):
 def test_unknown_dataset():
     with pytest.raises(DataError, match="unknown dataset 'nope'"):
         load_dataset("nope")
+
+
+# ---------------------------------------------------------------- informative categories
+
+
+def write_s3rec(root, attributes: dict[int, list[int]], users: int = 60, length: int = 6) -> None:
+    """A generated LastFM-layout S3-Rec dataset: sequences over the items of `attributes`."""
+    folder = root / "lastfm" / "s3rec"
+    folder.mkdir(parents=True, exist_ok=True)
+    items = sorted(attributes)
+    rng = np.random.default_rng(0)
+    lines = [" ".join(map(str, [u, *rng.choice(items, size=length, replace=False)]))
+             for u in range(1, users + 1)]  # fmt: skip
+    (folder / "LastFM.txt").write_text("\n".join(lines) + "\n")
+    (folder / "LastFM_item2attributes.json").write_text(json.dumps(attributes))
+
+
+def root_first(n_items: int = 30) -> dict[int, list[int]]:
+    """Amazon-like lists: a root category on every item, a brand, then one of 5 categories."""
+    return {i: [1, 1000 + i % 11, 100 + i % 5] for i in range(1, n_items + 1)}
+
+
+def test_an_attribute_on_every_item_is_never_the_category(tmp_path):
+    write_s3rec(tmp_path, root_first())
+    raw = read_dataset("lastfm", tmp_path)
+    # the old rule ("most frequent attribute") gave every item category 1
+    assert {raw.item_category[i] for i in raw.item_category} == {"100", "101", "102", "103", "104"}
+    assert all(raw.item_category[i] == str(100 + i % 5) for i in range(1, 31))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CategoryWarning)  # informative: no warning
+        ds = load_dataset("lastfm", str(tmp_path), str(tmp_path / "cache"), min_count=1)
+    assert ds.category_rule == S3REC_CATEGORY_RULE
+    assert ds.stats["categories"] == 5 and ds.stats["largest_category_share"] == pytest.approx(0.2)
+    record = dataset_record(ds)  # what dataset.json keeps
+    assert record["category_rule"] == S3REC_CATEGORY_RULE
+    assert record["stats"]["largest_category_share"] == pytest.approx(0.2)
+
+
+def test_common_attributes_are_skipped_but_rare_ones_kept(tmp_path):
+    # attribute 7 is on 60% of the items: it separates little and is skipped; brands (one item
+    # each) are rarer than the 3 categories, which win as the most frequent informative ones
+    attrs = {i: ([7] if i <= 18 else []) + [500 + i, 200 + i % 3] for i in range(1, 31)}
+    write_s3rec(tmp_path, attrs)
+    raw = read_dataset("lastfm", tmp_path)
+    assert all(raw.item_category[i] == str(200 + i % 3) for i in attrs)
+
+
+@pytest.mark.parametrize(
+    ("attributes", "reason"),
+    [
+        ({i: [1] for i in range(1, 31)}, "1 categories, the largest holds 100%"),
+        (
+            {i: [1, 5 if i <= 27 else 6] for i in range(1, 31)},
+            "2 categories, the largest holds 90%",
+        ),
+        (
+            {i: [1, 10 + (i > 27) + (i > 28) + (i > 29)] for i in range(1, 31)},
+            "the largest holds 90%",
+        ),
+    ],
+)
+def test_uninformative_categories_warn(tmp_path, attributes, reason):
+    write_s3rec(tmp_path, attributes)
+    with pytest.warns(CategoryWarning, match="uninformative item categories") as record:
+        ds = load_dataset("lastfm", str(tmp_path), str(tmp_path / "cache"), min_count=1)
+    assert reason in str(record[0].message) and "lastfm" in str(record[0].message)
+    with pytest.warns(CategoryWarning):  # from the cache too
+        load_dataset("lastfm", str(tmp_path), str(tmp_path / "cache"), min_count=1)
+    assert category_warning(ds) is not None
+
+
+def test_a_dataset_without_categories_does_not_warn(tmp_path):
+    folder = tmp_path / "video" / "sasrec"
+    folder.mkdir(parents=True)
+    (folder / "Video.txt").write_text(
+        "".join(f"{u} {i}\n" for u in range(1, 9) for i in range(1, 7))
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CategoryWarning)
+        ds = load_dataset("video", str(tmp_path), str(tmp_path / "cache"), min_count=1)
+    assert ds.stats["categories"] == 0 and ds.stats["largest_category_share"] is None
+
+
+def test_the_category_rule_keys_the_cache(tmp_path, monkeypatch):
+    write_s3rec(tmp_path, root_first())
+    cache = tmp_path / "cache"
+    load_dataset("lastfm", str(tmp_path), str(cache), min_count=1)
+    load_dataset("lastfm", str(tmp_path), str(cache), min_count=1)
+    assert len(list(cache.glob("lastfm-*.npz"))) == 1
+    monkeypatch.setattr("lsan.data.readers.S3REC_CATEGORY_RULE", "another rule")
+    ds = load_dataset("lastfm", str(tmp_path), str(cache), min_count=1)
+    assert ds.category_rule == "another rule"  # not the cached dataset of the old rule
+    assert len(list(cache.glob("lastfm-*.npz"))) == 2

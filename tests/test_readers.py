@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lsan.cli import main
-from lsan.data.prepare import build
+from lsan.data.prepare import build, category_warning
 from lsan.data.readers import (
     REAL_DATASETS,
     DataError,
@@ -154,6 +154,9 @@ def test_beauty_attributes_and_primary_category(beauty_raw):
     assert len(raw.item_attributes) == 12_101
     assert len({a for lst in raw.item_attributes.values() for a in lst}) == 637
     freq = Counter(a for lst in raw.item_attributes.values() for a in set(lst))
+    # No Beauty attribute is on half of the catalogue (the largest, 17, on 31.5%), so skipping
+    # such attributes changes nothing: every item keeps its most catalogue-frequent attribute.
+    assert max(freq.values()) == 3814 < 0.5 * len(raw.item_attributes)
     for item, lst in raw.item_attributes.items():
         cat = int(raw.item_category[item])
         assert cat in lst
@@ -373,3 +376,26 @@ def test_cli_missing_dataset_is_one_error_line(tmp_path, capsys):
     assert lines[0].startswith("error: ")
     assert "Beauty.txt" in lines[0]
     assert "Traceback" not in captured.err
+
+
+# ---------------------------------------------------------------- informative categories
+
+
+@pytest.mark.parametrize(
+    ("name", "categories", "largest"),
+    [("ml-100k", 18, 0.2906), ("beauty", 7, 0.3152), ("yelp", 109, 0.2845), ("lastfm", 85, 0.393)],
+)
+def test_shipped_datasets_have_informative_categories(name, categories, largest):
+    ds = build(read_dataset(name, DATA), name, 5)
+    assert category_warning(ds) is None
+    assert ds.stats["categories"] == categories >= 3
+    assert ds.stats["largest_category_share"] == pytest.approx(largest, abs=1e-4)
+    assert largest <= 0.8
+
+
+def test_yelp_skips_the_attribute_on_most_businesses():
+    raw = read_dataset("yelp", DATA)
+    freq = Counter(a for lst in raw.item_attributes.values() for a in set(lst))
+    common, count = freq.most_common(1)[0]
+    assert count / len(raw.item_attributes) == pytest.approx(0.686, abs=1e-3)
+    assert str(common) not in set(raw.item_category.values())

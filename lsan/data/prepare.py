@@ -12,7 +12,10 @@ Steps (the seeds' protocol, see the papers in ../shared/papers):
    no timestamps.
 5. Leave-one-out split is implicit in the layout: for a user with n items, the last is the test
    target, the second last the validation target, the rest the training sequence.
-Prepared datasets are cached as .npz keyed by the raw files' sha256 and the options.
+Prepared datasets are cached as .npz keyed by the raw files' sha256, the options and the category
+rule (a changed rule never reuses an old cache). Loading warns (`CategoryWarning`) when a dataset
+whose source has categories ends up with fewer than 3 of them or one holding more than 80% of the
+items: the category context then carries little.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,12 @@ SYNTHETIC = {
 }
 DATASETS = (*REAL_DATASETS, *SYNTHETIC)
 DEFAULT_MAX_LEN = {"ml-1m": 200}  # every other dataset: 50
+MIN_CATEGORIES = 3  # fewer categories than this carry little context: warned
+MAX_CATEGORY_SHARE = 0.8  # nor does one category holding more of the items than this
+
+
+class CategoryWarning(UserWarning):
+    """A dataset's item categories separate few items (see `category_warning`)."""
 
 
 @dataclass
@@ -178,10 +188,32 @@ def dataset_stats(ds: SeqDataset) -> dict[str, Any]:
         "avg_length": round(n / max(ds.num_users, 1), 2),
         "density": n / max(ds.num_users * ds.num_items, 1),
         "categories": ds.num_categories - 2,
+        "largest_category_share": largest_category_share(ds),
         "time_slots": ds.num_slots - 2,
         "slot_rule": ds.slot_rule,
         "category_rule": ds.category_rule,
     }
+
+
+def largest_category_share(ds: SeqDataset) -> float | None:
+    """Share of the items in the most common category ("unknown" counts as one); None if none."""
+    if ds.num_categories <= 2 or ds.num_items == 0:
+        return None
+    counts = np.bincount(ds.item_category[1:], minlength=ds.num_categories)
+    return round(float(counts.max() / ds.num_items), 4)
+
+
+def category_warning(ds: SeqDataset) -> str | None:
+    """Why `ds`'s categories carry little information, or None (also when its source has none)."""
+    share = largest_category_share(ds)
+    count = ds.num_categories - 2
+    if share is None or (count >= MIN_CATEGORIES and share <= MAX_CATEGORY_SHARE):
+        return None
+    return (
+        f"{ds.name}: uninformative item categories: {count} categories, the largest holds "
+        f"{share:.0%} of the items (wanted >= {MIN_CATEGORIES} and <= {MAX_CATEGORY_SHARE:.0%}; "
+        f"rule: {ds.category_rule})"
+    )
 
 
 # ---------------------------------------------------------------- locations and cache
@@ -233,18 +265,23 @@ def load_dataset(
     else:
         raw = read_dataset(name, data_root(data_dir))
         hashes = [f"{p.name}:{file_digest(p)}" for p in raw.files]
-        key_src = f"{PREP_VERSION}|{name}|{min_count}|{'|'.join(hashes)}"
+        key_src = f"{PREP_VERSION}|{name}|{min_count}|{raw.category_rule}|{'|'.join(hashes)}"
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     path = cache_root(cache_dir) / f"{name}-{key}.npz"
+    ds = None
     if use_cache and path.is_file():
         try:
-            return _load(path)
+            ds = _load(path)
         except (OSError, ValueError, KeyError):
             path.unlink(missing_ok=True)  # a corrupt cache entry is rebuilt, never trusted
-    ds = build(raw if raw is not None else generate(gen), name, min_count)
-    if use_cache:
-        with contextlib.suppress(OSError):  # an unwritable cache only costs time
-            _save(ds, path)
+    if ds is None:
+        ds = build(raw if raw is not None else generate(gen), name, min_count)
+        if use_cache:
+            with contextlib.suppress(OSError):  # an unwritable cache only costs time
+                _save(ds, path)
+    message = category_warning(ds)
+    if message is not None:
+        warnings.warn(message, CategoryWarning, stacklevel=2)
     return ds
 
 

@@ -7,14 +7,21 @@ Filtering, ordering, remapping and splitting happen in `prepare.py`, identically
 Primary category, the one categorical context feature a model sees, is chosen per format:
 - MovieLens: the first genre in the file's genre order (u.genre for 100K, the pipe list for 1M).
 - S3-Rec (Amazon, Yelp, LastFM): the item's attribute that is most frequent across the catalogue
-  (ties -> first listed). Amazon lists put the brand first and brand ids share the category id
-  space, so "first attribute" would often be a brand; the most frequent one is a broad category.
+  among those listed for fewer than half of the items (ties -> first listed; an item whose every
+  attribute is that common keeps its most frequent one). Amazon lists put the brand first and
+  brand ids share the category id space, so "first attribute" would often be a brand; the most
+  frequent one is a broad category, but an attribute on every item (a root category some
+  releases list) or on most of them (Yelp's attribute 1, on 69% of the businesses) separates nothing, so it is
+  skipped. Beauty and LastFM have no attribute that common: their categories are those of the
+  plain "most frequent" rule.
 Items without any attribute get category "unknown" downstream.
+Ids must fit in 64 bits; a malformed or out-of-range value is one `path:line: reason` error.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +32,15 @@ import pandas as pd
 
 class DataError(ValueError):
     """A dataset is missing or malformed; the message tells the user what to do."""
+
+
+INT64_MAX = 2**63 - 1
+# An attribute listed for at least this share of the catalogue separates no items: never a category.
+CATEGORY_SHARE = 0.5
+S3REC_CATEGORY_RULE = (
+    f"most catalogue-frequent attribute among those on < {CATEGORY_SHARE:.0%} of items "
+    "(ties: first listed; none such: most frequent)"
+)
 
 
 @dataclass
@@ -52,6 +68,25 @@ def _first_existing(candidates: list[Path]) -> Path | None:
     return next((p for p in candidates if p.is_file()), None)
 
 
+def _bad_integers(path: Path, sep: str, columns: int | None, exc: Exception) -> DataError:
+    """The one-line error for a file of integer columns (None = all): the first line not int64."""
+    text = path.read_text("utf-8", errors="replace")
+    for lineno, line in enumerate(text.splitlines(), 1):
+        for token in re.split(sep, line.strip())[:columns]:
+            try:
+                value = int(token)
+            except ValueError:
+                return DataError(f"{path}:{lineno}: expected integers, got {line[:60]!r}")
+            if abs(value) > INT64_MAX:
+                return DataError(f"{path}:{lineno}: {token[:30]} does not fit in a 64-bit id")
+    return DataError(f"{path}: cannot parse ({_reason(exc)})")
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 # ---------------------------------------------------------------- MovieLens
 
 
@@ -64,9 +99,13 @@ def read_ml100k(folder: Path) -> RawData:
         ratings = pd.read_csv(
             data, sep="\t", header=None, names=["u", "i", "r", "t"], dtype="int64"
         )
+    except (ValueError, OverflowError, pd.errors.ParserError) as exc:
+        raise _bad_integers(data, r"\t", 4, exc) from None
+    try:
         meta = pd.read_csv(item, sep="|", header=None, encoding="latin-1", dtype=str)
-    except (ValueError, pd.errors.ParserError) as exc:
-        raise DataError(f"ml-100k: cannot parse {data} / {item}: {exc}") from None
+        ids = meta.iloc[:, 0].astype("int64").to_numpy()
+    except (ValueError, OverflowError, IndexError, pd.errors.ParserError) as exc:
+        raise DataError(f"{item}: cannot parse ({_reason(exc)})") from None
     genre_file = folder / "u.genre"
     if genre_file.is_file():
         genres = [
@@ -75,7 +114,6 @@ def read_ml100k(folder: Path) -> RawData:
     else:
         genres = [f"genre{g}" for g in range(19)]
     flags = meta.iloc[:, 5:24].fillna("0").to_numpy() == "1"  # (I, 19)
-    ids = meta.iloc[:, 0].astype("int64").to_numpy()
     attrs = {
         int(i): [int(g) for g in np.flatnonzero(row)] for i, row in zip(ids, flags, strict=True)
     }
@@ -104,8 +142,8 @@ def read_ml1m(ratings_file: Path, movies_file: Path | None) -> RawData:
             names=["u", "i", "r", "t"],
             dtype="int64",
         )
-    except (ValueError, pd.errors.ParserError) as exc:
-        raise DataError(f"ml-1m: cannot parse {ratings_file}: {exc}") from None
+    except (ValueError, OverflowError, pd.errors.ParserError) as exc:
+        raise _bad_integers(ratings_file, "::", 4, exc) from None
     cats: dict[int, str] = {}
     attrs: dict[int, list[int]] = {}
     files = [ratings_file]
@@ -134,7 +172,7 @@ def read_ml1m(ratings_file: Path, movies_file: Path | None) -> RawData:
 # ---------------------------------------------------------------- S3-Rec / TiCoSeRec / SASRec
 
 
-def _read_sequences(path: Path, dataset: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def _read_sequences(path: Path) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """`user item_1 ... item_n` per line -> (users, items) flat in file order, lengths per line."""
     users: list[int] = []
     items: list[int] = []
@@ -146,22 +184,25 @@ def _read_sequences(path: Path, dataset: str) -> tuple[np.ndarray, np.ndarray, l
         try:
             values = [int(p) for p in parts]
         except ValueError:
-            raise DataError(
-                f"{dataset}: {path}:{lineno}: expected integers, got {line[:60]!r}"
-            ) from None
+            raise DataError(f"{path}:{lineno}: expected integers, got {line[:60]!r}") from None
         users.extend([values[0]] * (len(values) - 1))
         items.extend(values[1:])
         lengths.append(len(values) - 1)
-    return np.asarray(users, dtype=np.int64), np.asarray(items, dtype=np.int64), lengths
+    try:
+        return np.asarray(users, dtype=np.int64), np.asarray(items, dtype=np.int64), lengths
+    except OverflowError as exc:
+        raise _bad_integers(path, r"\s+", None, exc) from None
 
 
 def _primary_by_frequency(attrs: dict[int, list[int]]) -> dict[int, str]:
-    """Each item's most catalogue-frequent attribute (first listed on ties), as a label."""
+    """Each item's category label by S3REC_CATEGORY_RULE (see the module docstring)."""
     freq = Counter(a for lst in attrs.values() for a in set(lst))
+    limit = CATEGORY_SHARE * len(attrs)
     out: dict[int, str] = {}
     for item, lst in attrs.items():
         if lst:
-            best = max(lst, key=lambda a: (freq[a], -lst.index(a)))
+            pool = [a for a in lst if freq[a] < limit] or lst
+            best = max(pool, key=lambda a: (freq[a], -lst.index(a)))
             out[item] = str(best)
     return out
 
@@ -174,7 +215,7 @@ def read_s3rec(
     When a TiCoSeRec `*_time_org_rank.txt` file is given, its line u token k is the timestamp of
     the sequence file's line u token k; users and per-user lengths must match exactly.
     """
-    users, items, lengths = _read_sequences(seq_file, dataset)
+    users, items, lengths = _read_sequences(seq_file)
     files = [seq_file]
     attrs: dict[int, list[int]] = {}
     if attr_file is not None:
@@ -182,11 +223,13 @@ def read_s3rec(
             loaded = json.loads(attr_file.read_text())
             attrs = {int(k): [int(a) for a in v] for k, v in loaded.items()}
         except (json.JSONDecodeError, ValueError, AttributeError, TypeError) as exc:
-            raise DataError(f"{dataset}: cannot parse {attr_file}: {exc}") from None
+            raise DataError(f"{attr_file}: cannot parse ({exc})") from None
+        if any(abs(v) > INT64_MAX for lst in [list(attrs), *attrs.values()] for v in lst):
+            raise DataError(f"{attr_file}: an item or attribute id does not fit in 64 bits")
         files.append(attr_file)
     timestamps = None
     if time_file is not None:
-        t_users, t_values, t_lengths = _read_sequences(time_file, dataset)
+        t_users, t_values, t_lengths = _read_sequences(time_file)
         if t_lengths != lengths or not np.array_equal(t_users, users):
             raise DataError(
                 f"{dataset}: time file {time_file} does not line up with {seq_file} "
@@ -200,7 +243,7 @@ def read_s3rec(
         timestamps=timestamps,
         item_category=_primary_by_frequency(attrs),
         item_attributes=attrs,
-        category_rule="most catalogue-frequent attribute of item2attributes (ties: first listed)",
+        category_rule=S3REC_CATEGORY_RULE,
         files=files,
     )
 
@@ -209,8 +252,8 @@ def read_sasrec_pairs(path: Path, dataset: str) -> RawData:
     """SASRec form: `user item` per line, grouped by user and time ordered; no time, no category."""
     try:
         pairs = pd.read_csv(path, sep=r"\s+", header=None, names=["u", "i"], dtype="int64")
-    except (ValueError, pd.errors.ParserError) as exc:
-        raise DataError(f"{dataset}: cannot parse {path}: {exc}") from None
+    except (ValueError, OverflowError, pd.errors.ParserError) as exc:
+        raise _bad_integers(path, r"\s+", 2, exc) from None
     return RawData(
         users=pairs["u"].to_numpy(), items=pairs["i"].to_numpy(), timestamps=None, files=[path]
     )
