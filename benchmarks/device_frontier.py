@@ -48,7 +48,7 @@ def export_row(
     name: str, ckpt: Path, formats: list[str], work: Path, data_dir: str
 ) -> dict[str, Path]:
     """Export `ckpt` in every format (one ONNX graph, one PyTorch evaluation); folder per format."""
-    from export.export import export
+    from lsan.export.export import export
 
     base = work / name
     folders = {f: base.with_name(f"{base.name}-{f}") for f in formats}

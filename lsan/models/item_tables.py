@@ -265,16 +265,28 @@ class CodeTable(_Composed):
     def codes_of(self, ids: torch.Tensor) -> torch.Tensor:
         return self.codes.long()[ids]
 
+    def rows(self) -> torch.Tensor:
+        """(N, |V|+1): each item's row in the books stacked into one (sum m_n, D) table."""
+        offsets = torch.tensor([0, *self.sizes[:-1]], device=self.codes.device).cumsum(0)
+        return (self.codes.long() + offsets).T
+
+    def base(self, items: torch.Tensor) -> torch.Tensor:
+        books = torch.cat(list(self.tables))  # one table in ONNX (the concat folds at export)
+        vecs = F.embedding(self.rows().T[items], books)  # (B, T, N, D)
+        return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
+
     def scores(self, h: torch.Tensor) -> torch.Tensor:
-        codes = self.codes.long()  # (|V|+1, N): a Cast of the stored uint8 table, folded at load
-        total = self.item_bias if self.item_bias is not None else None
-        for n, t in enumerate(self.tables):
-            part = F.linear(h, t)[..., codes[:, n]]  # (..., m_n) -> (..., |V|+1)
-            if self.item_weights is not None:
-                part = part * self.item_weights[:, n]
-            total = part if total is None else total + part
-        assert total is not None
-        return total
+        """One matmul against the stacked books, one gather laid out (N, |V|+1), one sum.
+
+        In ONNX the index table is a single integer constant (export stores it as int16 or
+        uint8, cast at load); the large axis is last, onnxruntime's fast layout.
+        """
+        books = torch.cat(list(self.tables))
+        parts = F.linear(h, books)[..., self.rows()]  # (..., N, |V|+1)
+        if self.item_weights is not None:
+            parts = parts * self.item_weights.T
+        total = parts.sum(-2)
+        return total + self.item_bias if self.item_bias is not None else total
 
 
 def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> nn.Module:
