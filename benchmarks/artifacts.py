@@ -1,6 +1,6 @@
 """Every checkpoint exported in every format, the way users export (export/export.py).
 
-Each artifact is written by `export.export.export` with one fixed format, so its bytes, its
+Each artifact is written by `lsan.export.export.export` with one fixed format, so its bytes, its
 verification and its test NDCG@10 (computed with onnxruntime on that exact file) come from the
 same code path users run. `--force` is passed: a format that misses the export's accuracy check
 is still measured, and the check's verdict is kept in the record.
@@ -8,18 +8,18 @@ is still measured, and the check's verdict is kept in the record.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
-from export.export import ExportError, export
+from lsan.artifact import ArtifactError, ArtifactMeta, read
 from lsan.checkpoint import load_model
 from lsan.config import RunConfig
 from lsan.data.prepare import SeqDataset, load_dataset
-from lsan.models import DataInfo
+from lsan.export import ExportError
+from lsan.export.export import export
+from lsan.info import DataInfo
 
 
 @dataclass
@@ -39,8 +39,8 @@ class Checkpoint:
 class Artifact:
     ckpt: Checkpoint
     format: str
-    path: Path  # artifact directory (metadata.json + model.onnx)
-    meta: dict[str, Any]
+    path: Path  # artifact directory (lsan.artifact)
+    meta: ArtifactMeta
 
     @property
     def key(self) -> dict[str, str]:
@@ -83,13 +83,15 @@ def export_all(
         return out
     for fmt in formats:
         path = work / f"{ckpt.label}-{fmt}"
-        if not (path / "metadata.json").is_file():
+        try:
+            meta = read(path).meta
+        except ArtifactError:
             # a format that cannot be produced (e.g. a quantizer failure) is reported, not fatal
             log(f"  {ckpt.label} {fmt}: export failed, skipped")
             continue
-        meta = json.loads((path / "metadata.json").read_text())
-        ndcg = (meta.get("test_metrics") or {}).get("NDCG@10")
+        ndcg = (meta.test_metrics or {}).get("NDCG@10")
         shown = f"NDCG@10 {ndcg:.4f}" if ndcg is not None else "not evaluated"
-        log(f"  {ckpt.label:24s} {fmt:12s} {meta['bytes']:>12,d} B  {shown}")
+        log(f"  {ckpt.label:24s} {fmt:12s} {meta.artifact_bytes:>12,d} B (model.onnx "
+            f"{meta.model_onnx_bytes:,})  {shown}")  # fmt: skip
         out.append(Artifact(ckpt, fmt, path, meta))
     return out

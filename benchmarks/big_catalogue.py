@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.env import REPO, environment, write_record
-from benchmarks.gpu_smoke import peak_rss_bytes
+from lsan.benchmarks.env import REPO, environment, write_record
+from lsan.benchmarks.gpu_smoke import peak_rss_bytes
 
 DATASET = "synthetic-1m"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "big-catalogue.json"

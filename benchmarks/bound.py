@@ -85,39 +85,48 @@ def machine_peak(env: dict[str, Any], max_bytes: int) -> dict[str, Any]:
 
 
 def request_flops(model: nn.Module, info: DataInfo, t: int) -> int:
+    """FLOPs of one request with a history of `t`. Inference runs the final layer for the last
+    position only: its query against every key (keys and values, and the one qkv matmul, still
+    cover all t positions), its feed-forward and output projection for that one position."""
     v1 = info.num_items + 1
     if isinstance(model, SASRec):
         sc = model.cfg
         d, f = sc.dim, sc.ffn_mult
-        return sc.layers * ((8 + 4 * f) * t * d * d + 4 * t * t * d) + 2 * d * v1
+        full = (8 + 4 * f) * t * d * d + 4 * t * t * d
+        last = 6 * t * d * d + (2 + 4 * f) * d * d + 4 * t * d
+        return (sc.layers - 1) * full + last + 2 * d * v1
     if isinstance(model, LSAN):
         c = model.cfg
         d, h = c.dim, c.heads
         n = 1 if c.full_table else c.tables
         fusion = 2 * t * d * d + 4 * t * n * d + 4 * t * d * d  # query, logits + mix, inject
-        layer = 6 * h * t * d * d + 4 * h * t * t * d + 4 * t * d * d  # qkv, attention, FFN
-        layer += 2 * (2 * h if c.conv else h) * t * d * d  # output projection of the heads
-        layer += 2 * t * d * h * c.kernel if c.conv else 0
+
+        def layer(tq: int) -> int:  # tq query positions: t, or 1 for the final layer
+            flops = 6 * h * t * d * d + 4 * h * tq * t * d + 4 * tq * d * d  # qkv, attention, FFN
+            flops += 2 * (2 * h if c.conv else h) * tq * d * d  # output projection of the heads
+            conv_positions = t if tq == t else min(t, c.kernel)  # the last kernel positions
+            return flops + (2 * conv_positions * d * h * c.kernel if c.conv else 0)
+
         if model.items is None:
             scoring = 2 * d * v1
         else:
             sizes = model.items.sizes
             per_cell = 2 * len(sizes) if c.item_weights else len(sizes)  # (multiply +) add
             scoring = 2 * d * sum(sizes) + per_cell * math.prod(sizes)
-        return fusion + c.layers * layer + scoring
+        return fusion + (c.layers - 1) * layer(t) + layer(1) + scoring
     return 0  # popularity: no arithmetic beyond reading the counts
 
 
 def request_bytes(model: nn.Module, info: DataInfo, t: int, fmt: str) -> int:
-    matrix = 1 if fmt in INT8 else 4
-    total = 4 * (info.num_items + 1)  # the score vector written
+    matrix = 0.5 if fmt == "int4" else 1 if fmt in INT8 else 4  # bytes per matrix weight
+    total: float = 4 * (info.num_items + 1)  # the score vector written
     for name, w in model.state_dict().items():
         per = matrix if w.dim() >= 2 and not name.startswith(FLOAT_ONLY) else 4
         if name.startswith(LOOKUP_ONLY):
             total += min(t, w.shape[0]) * w[0].numel() * per
         else:
             total += w.numel() * per
-    return total
+    return int(total)
 
 
 def bound_row(

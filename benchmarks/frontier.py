@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.artifacts import Artifact
+from lsan.benchmarks.artifacts import Artifact
 
 
 def layout(a: Artifact) -> str:
@@ -18,8 +18,10 @@ def layout(a: Artifact) -> str:
     if a.ckpt.name == "sasrec":
         return f"full D={c.dim} L={c.layers}"
     if a.ckpt.name.startswith("lsan"):
-        if c.full_table:
+        if c.item_table == "full":
             return f"full D={c.dim}"
+        if c.item_table == "codes":
+            return f"codes {c.tables}x{c.code_size} D={c.dim}"
         return f"N={c.tables} {'balanced' if c.m1 == 0 else f'm1={c.m1}'} D={c.dim}"
     return "-"
 
@@ -27,12 +29,13 @@ def layout(a: Artifact) -> str:
 def rows(artifacts: list[Artifact]) -> list[dict[str, Any]]:
     out = []
     for a in artifacts:
-        test = a.meta.get("test_metrics") or {}
-        ref = a.meta.get("test_metrics_pytorch") or {}
-        out.append({**a.key, "dataset": a.meta["dataset"], "layout": layout(a),
-                    "model_bytes": a.meta["bytes"], "ndcg10": test.get("NDCG@10"),
-                    "hr10": test.get("HR@10"), "ndcg10_pytorch": ref.get("NDCG@10"),
-                    "top10_overlap": a.meta["parity"][a.format].get("top10_overlap")})  # fmt: skip
+        test = a.meta.test_metrics or {}
+        ref = a.meta.test_metrics_pytorch or {}
+        out.append({**a.key, "dataset": a.meta.dataset, "layout": layout(a),
+                    "model_bytes": a.meta.model_onnx_bytes, "artifact_bytes": a.meta.artifact_bytes,
+                    "ndcg10": test.get("NDCG@10"), "hr10": test.get("HR@10"),
+                    "ndcg10_pytorch": ref.get("NDCG@10"),
+                    "top10_overlap": a.meta.parity[a.format].top10_overlap})  # fmt: skip
     return out
 
 

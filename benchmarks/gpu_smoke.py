@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.env import REPO, cores, cpuinfo, git_commit, write_record
+from lsan.benchmarks.env import REPO, cores, cpuinfo, git_commit, write_record
 from lsan.config import DataConfig, EvalConfig, RunConfig, TrainConfig
 from lsan.data.batching import train_tensors
 from lsan.data.prepare import DATASETS, SeqDataset, load_dataset

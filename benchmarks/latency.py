@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.artifacts import Artifact, Checkpoint
-from export.export import InferenceGraph, feeds, session
-from lsan.models import DataInfo
-from serving.runtime import load_artifact
+from lsan.artifact import feeds, session
+from lsan.benchmarks.artifacts import Artifact, Checkpoint
+from lsan.export.graph import InferenceGraph
+from lsan.info import DataInfo
+from lsan.serving.runtime import load_artifact
 
 
 def request_feeds(info: DataInfo, batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -83,7 +84,7 @@ def onnxruntime_rows(
 def runtime_rows(a: Artifact, warmup: int, repeats: int, budget_s: float) -> list[dict[str, Any]]:
     """Batch-1, one-thread requests through the serving runtime, raw ids in and out."""
     art = load_artifact(a.path, threads=1)
-    ids = np.asarray(list(art.index_of), dtype=np.int64)
+    ids = art.catalogue
     rng = np.random.default_rng(0)
     rows = []
     for length in sorted({min(10, art.max_len), art.max_len}):

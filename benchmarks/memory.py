@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.artifacts import Artifact
-from benchmarks.env import REPO
+from lsan.benchmarks.artifacts import Artifact
+from lsan.benchmarks.env import REPO
 
 PEAK = """
 def peak_kib():
@@ -44,10 +44,10 @@ SERVE = (
     + """
 import json, sys
 import numpy as np
-from serving.runtime import load_artifact
+from lsan.serving.runtime import load_artifact
 imported = peak_kib()
 art = load_artifact(sys.argv[1], threads=1)
-ids = np.asarray(list(art.index_of), dtype=np.int64)
+ids = art.catalogue
 rng = np.random.default_rng(0)
 for _ in range(int(sys.argv[2])):
     hist = rng.choice(ids, size=min(art.max_len, len(ids)), replace=False)

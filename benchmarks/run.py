@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bound, frontier, latency, memory, report, scaling, size
-from benchmarks.artifacts import dataset_for, export_all, load_checkpoints
-from benchmarks.env import cores, environment
-from export.export import FORMATS, ExportError
+from lsan.benchmarks import bound, frontier, latency, memory, report, scaling, size
+from lsan.benchmarks.artifacts import dataset_for, export_all, load_checkpoints
+from lsan.benchmarks.env import cores, environment
 from lsan.checkpoint import CheckpointError
 from lsan.data.prepare import SeqDataset
 from lsan.data.readers import DataError
+from lsan.export import ExportError
+from lsan.export.quantize import FORMATS
 
 SECTIONS = ("size", "memory", "latency", "frontier", "scaling", "bound")
 

@@ -20,11 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.artifacts import Checkpoint
-from benchmarks.bound import bound_row
-from benchmarks.latency import request_feeds, summary, timed
-from benchmarks.size import weights
-from export.export import convert, export_fp32, session
+from lsan.artifact import session
+from lsan.benchmarks.artifacts import Checkpoint
+from lsan.benchmarks.bound import bound_row
+from lsan.benchmarks.latency import request_feeds, summary, timed
+from lsan.benchmarks.size import weights
+from lsan.export.graph import export_fp32
+from lsan.export.quantize import convert
 from lsan.models import DataInfo, build_model
 from lsan.models.item_tables import table_sizes
 

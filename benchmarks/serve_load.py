@@ -28,20 +28,18 @@ from typing import Any
 import httpx
 import numpy as np
 
-from serving.runtime import load_artifact
+from lsan.serving.runtime import Artifact, load_artifact
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def histories_from_artifact(artifact: Path, n: int, seed: int = 0) -> list[list[dict[str, Any]]]:
+def histories_from_artifact(art: Artifact, n: int, seed: int = 0) -> list[list[dict[str, Any]]]:
     """Realistic request bodies: random catalogue items with increasing timestamps.
 
     The artifact holds no user data (by design), so histories are sampled from its catalogue,
     with lengths drawn to cover short and full-length histories.
     """
-    meta = json.loads((artifact / "metadata.json").read_text())
-    raw = np.asarray(meta["raw_item_ids"][1:])
-    max_len = int(meta["contract"]["max_len"])
+    raw, max_len = art.raw_ids[1:], art.max_len
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
@@ -60,9 +58,8 @@ def percentiles(ms: list[float]) -> dict[str, float]:
             "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": len(ms)}  # fmt: skip
 
 
-def bare_model(artifact: Path, bodies: list[list[dict[str, Any]]], k: int) -> dict[str, Any]:
+def bare_model(art: Artifact, bodies: list[list[dict[str, Any]]], k: int) -> dict[str, Any]:
     """The model call alone (session.run on prebuilt feeds) and the runtime's recommend()."""
-    art = load_artifact(artifact, threads=1)
     hists = [[(e["item_id"], e["timestamp"]) for e in b] for b in bodies]
     feeds = [art.encode([h], True)[0] for h in hists]
     for f in feeds[:20]:
@@ -172,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     artifact = Path(args.artifact)
-    bodies = histories_from_artifact(artifact, args.requests)
-    bare = bare_model(artifact, bodies[: min(500, len(bodies))], args.k)
+    art = load_artifact(artifact, threads=1)
+    bodies = histories_from_artifact(art, args.requests)
+    bare = bare_model(art, bodies[: min(500, len(bodies))], args.k)
     port = free_port()
     proc = start_server(artifact, port, args.threads)
     try:
@@ -189,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    meta = json.loads((artifact / "metadata.json").read_text())
+    meta = art.meta
     result = {
         "command": " ".join(["python -m benchmarks.serve_load", *(argv if argv is not None else sys.argv[1:])]),
         "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
@@ -197,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                      if ln.startswith("model name")), "unknown"),
         "cores": os.cpu_count(),
-        "artifact": {"path": str(artifact), "model": meta["model"], "dataset": meta["dataset"],
-                     "quantization": meta["quantization"], "bytes": meta["bytes"]},
+        "artifact": {"path": str(artifact), "model": meta.model, "dataset": meta.dataset,
+                     "quantization": meta.quantization, "artifact_bytes": meta.artifact_bytes,
+                     "model_onnx_bytes": meta.model_onnx_bytes},
         "server_threads": args.threads,
         "bare": bare,
         "http": http,
@@ -212,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "| path | p50 ms | p95 ms | p99 ms |\n|---|---|---|---|\n" + "\n".join(
         f"| {name} | {p['p50']:.3f} | {p['p95']:.3f} | {p['p99']:.3f} |" for name, p in rows
     )
-    summary = (f"{meta['model']} {meta['quantization']} on {meta['dataset']}, {args.requests} requests at "
+    summary = (f"{meta.model} {meta.quantization} on {meta.dataset}, {args.requests} requests at "
                f"{args.rate:g}/s (achieved {http['achieved_rate']:.1f}/s), errors {http['errors']}, "
                f"server RSS {http['rss_kib_after_warmup'] / 1024:.1f} -> {http['rss_kib_after_load'] / 1024:.1f} MiB")  # fmt: skip
     (out / f"{args.name}.md").write_text(f"# {args.name}\n\n{summary}\n\n{table}\n")

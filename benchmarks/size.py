@@ -1,8 +1,8 @@
 """Size: weights, bytes on disk per format, item-embedding bytes vs the rest, format overhead.
 
-What the device downloads and stores is the artifact: model.onnx (the weights and the graph) plus
-metadata.json (the raw-id map, categories, popular items: the catalogue, the same for every
-model). The theoretical minimum is the weight count times the format's bytes per weight; the gap
+What the device downloads and stores is the artifact (lsan/artifact.py): model.onnx (the
+weights and the graph), tables.npz (the raw-id map, categories, popular items: the catalogue,
+the same for every model), metadata.json and manifest.json; `artifact_bytes` counts them all. The theoretical minimum is the weight count times the format's bytes per weight; the gap
 to the file is the format's overhead (graph, quantization scales, small tensors left in fp32,
 and any weight stored twice, e.g. a tied table kept once for the lookup and once, transposed,
 for the scoring matmul; `stored_to_weights` > 1 shows it). The item side is every weight that
@@ -17,10 +17,11 @@ import onnx
 from onnx import numpy_helper
 from torch import nn
 
-from benchmarks.artifacts import Artifact
-from lsan.models import DataInfo
+from lsan.artifact import MANIFEST, META, TABLES
+from lsan.benchmarks.artifacts import Artifact
+from lsan.info import DataInfo
 
-BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1, "int8-static": 1}
+BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1, "int8-static": 1, "int4": 0.5}
 ITEM_PREFIXES = ("item_emb.", "items.")
 
 
@@ -65,8 +66,7 @@ def onnx_breakdown(path, info: DataInfo, sizes: list[int]) -> dict[str, int]:
 def artifact_size(a: Artifact) -> dict[str, Any]:
     total, item = weights(a.ckpt.model, a.ckpt.info)
     bpw = BYTES_PER_WEIGHT[a.format]
-    model_bytes = (a.path / "model.onnx").stat().st_size
-    meta_bytes = (a.path / "metadata.json").stat().st_size
+    model_bytes = a.meta.model_onnx_bytes
     onnx_split = onnx_breakdown(a.path / "model.onnx", a.ckpt.info, table_sizes_of(a.ckpt.model))
     return {
         **a.key,
@@ -74,12 +74,13 @@ def artifact_size(a: Artifact) -> dict[str, Any]:
         "weights": total,
         "item_weights": item,
         "other_weights": total - item,
-        "model_bytes": model_bytes,
-        "metadata_bytes": meta_bytes,
-        "artifact_bytes": model_bytes + meta_bytes,
-        "theoretical_bytes": total * bpw,
-        "theoretical_item_bytes": item * bpw,
-        "overhead_bytes": model_bytes - total * bpw,
+        "model_bytes": model_bytes,  # model.onnx
+        "tables_bytes": (a.path / TABLES).stat().st_size,
+        "metadata_bytes": (a.path / META).stat().st_size + (a.path / MANIFEST).stat().st_size,
+        "artifact_bytes": a.meta.artifact_bytes,  # every file shipped
+        "theoretical_bytes": int(total * bpw),
+        "theoretical_item_bytes": int(item * bpw),
+        "overhead_bytes": model_bytes - int(total * bpw),
         **onnx_split,
         "stored_to_weights": round(onnx_split["stored_elements"] / max(total, 1), 3),
     }

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.env import environment, write_record
+from lsan.benchmarks.env import environment, write_record
 from lsan.config import DataConfig, merge, parse_sets
 from lsan.data.batching import train_tensors
 from lsan.data.prepare import default_max_len, load_dataset

@@ -12,9 +12,9 @@ import sys
 
 from pydantic import ValidationError
 
-from serving.app import run_server
-from serving.runtime import ArtifactError
-from serving.settings import Settings
+from lsan.artifact import ArtifactError
+from lsan.serving.app import run_server
+from lsan.serving.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,9 +5,10 @@ model is loaded and warmed up), GET /metadata (what was shipped and how it was v
 the id tables) and GET /metrics (Prometheus text, from a registry owned by the app, so several
 apps in one process do not collide).
 
-`create_app()` reads `Settings` (env `LSAN_*`) when called. The artifact is loaded in the
-lifespan, so a missing or tampered artifact stops startup; `serve()` checks it before uvicorn
-starts so the failure is one clean line. Recommendation routes are plain `def`: FastAPI runs them
+`create_app()` reads `Settings` (env `LSAN_*`) when called. The artifact is loaded and verified
+whole (lsan.artifact.read) in the lifespan, so a missing, tampered or inconsistent artifact stops
+startup and a server that reports ready can answer; `serve()` loads it before uvicorn starts so
+the failure is one clean line. Recommendation routes are plain `def`: FastAPI runs them
 in its thread pool and they share one onnxruntime session, which is safe to run concurrently.
 
 Errors are JSON `{"message": ..., "errors": [...]}`: 400 malformed JSON, 404 unknown route, 405
@@ -15,14 +16,18 @@ wrong method, 413 body too large, 422 an invalid field or a limit (history lengt
 size), 503 not ready. Anything unexpected is a 500 with a generic message and no traceback.
 
 Batches: the requests are grouped by `exclude_seen` (it changes the model input) and each group
-is one onnxruntime call at the group's largest k; every answer is then cut to its own k, which is
-exact because the runtime's top-K is sorted best first.
+goes to the runtime at the group's largest k (one onnxruntime call, or one per history for a
+batch-dependent format); every answer is then cut to its own k, which is exact because the
+runtime's top-K is sorted best first. A history gets the same answer alone and in any batch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -45,8 +50,8 @@ from prometheus_client import (
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.runtime import Artifact, ArtifactError, Result, load_artifact
-from serving.schemas import (
+from lsan.serving.runtime import Artifact, Result, load_artifact
+from lsan.serving.schemas import (
     BatchRequest,
     BatchResponse,
     ErrorResponse,
@@ -57,12 +62,12 @@ from serving.schemas import (
     Recommendation,
     RecommendRequest,
     RecommendResponse,
-    Sizes,
 )
-from serving.settings import Settings
+from lsan.serving.settings import Settings
 
 log = logging.getLogger("uvicorn.error")  # uvicorn configures this one, so startup lines show
 
+DRAIN_BYTES = 64 << 20  # an oversize body is read and dropped up to this much before the 413
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": why}
@@ -149,7 +154,10 @@ class BodyLimitMiddleware:
     """413 for a body over `limit` bytes, by Content-Length or by counting a streamed body.
 
     The error is raised when the route reads the body, so it goes through the app's exception
-    handlers (same JSON shape) and the metrics see the route it was meant for.
+    handlers (same JSON shape) and the metrics see the route it was meant for. Before raising,
+    the rest of the body is read and dropped (up to DRAIN_BYTES): a server that answers and
+    closes while the client is still sending makes the client see a connection reset instead of
+    the 413.
     """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
@@ -160,18 +168,26 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
-        too_large = HTTPException(413, f"request body larger than {self.limit} bytes")
-        received = 0
+        received, more = 0, True
+
+        async def too_large() -> HTTPException:
+            nonlocal received, more
+            while more and received <= DRAIN_BYTES:
+                message = await receive()
+                received += len(message.get("body", b""))
+                more = message["type"] == "http.request" and message.get("more_body", False)
+            return HTTPException(413, f"request body larger than {self.limit} bytes")
 
         async def limited() -> Message:
-            nonlocal received
+            nonlocal received, more
             if declared.isdigit() and int(declared) > self.limit:
-                raise too_large
+                raise await too_large()
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                more = message.get("more_body", False)
                 if received > self.limit:
-                    raise too_large
+                    raise await too_large()
             return message
 
         await self.app(scope, limited, send)
@@ -297,7 +313,7 @@ def recommend(
 def recommend_batch(
     body: BatchRequest, artifact: ArtifactDep, limits: LimitsDep, metrics: MetricsDep
 ) -> BatchResponse:
-    """Several histories in one call; at most two onnxruntime runs (by exclude_seen)."""
+    """Several histories in one call, each answered as it would be alone."""
     start = time.perf_counter()
     reqs = body.requests
     errors: list[dict] = []
@@ -353,50 +369,40 @@ async def metrics_text(metrics: MetricsDep) -> Response:
 
 
 def build_metadata(artifact: Artifact, settings: Settings, limits: Limits) -> Metadata:
-    m = artifact.meta
-    try:
-        return Metadata(
-            model=m["model"], hyperparameters=m.get("model_config", {}), dataset=m["dataset"],
-            dataset_stats=m.get("dataset_stats", {}), num_items=m["info"]["num_items"],
-            num_categories=m["info"]["num_categories"], time_slot_rule=artifact.slot_rule,
-            max_len=artifact.max_len, k_max=limits.k_max, quantization=m["quantization"],
-            opset=m["opset"],
-            sizes=Sizes(
-                model_bytes=(artifact.path / "model.onnx").stat().st_size,
-                metadata_bytes=(artifact.path / "metadata.json").stat().st_size,
-                formats={f: c["bytes"] for f, c in m.get("parity", {}).items() if "bytes" in c},
-            ),
-            sha256=m["sha256"], parity=m.get("parity", {}),
-            verification_problems=m.get("verification_problems", []),
-            test_metrics=m.get("test_metrics"), test_metrics_pytorch=m.get("test_metrics_pytorch"),
-            onnxruntime_version=m.get("onnxruntime_version", "unknown"), threads=settings.threads,
-            limits=limits,
-        )  # fmt: skip
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactError(
-            f"{artifact.path / 'metadata.json'}: unusable metadata ({exc})"
-        ) from None
+    return Metadata(**dict(artifact.meta), files=artifact.files, threads=settings.threads,
+                    limits=limits)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the app
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages freed while loading (graph parsing and optimisation, the probe) back
+    to the OS: glibc keeps them otherwise, and a device counts resident memory. No-op elsewhere."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     t0 = time.perf_counter()
-    artifact = load_artifact(settings.artifact, settings.threads)  # ArtifactError stops startup
+    artifact = app.state.preloaded or load_artifact(settings.artifact, settings.threads)
+    app.state.preloaded = None  # ArtifactError above stops startup
     limits = app.state.limits.model_copy(update={"k_max": min(settings.max_k, artifact.k_max)})
     app.state.artifact, app.state.limits = artifact, limits
     app.state.metadata = build_metadata(artifact, settings, limits)
     warm = artifact.warm_up()
+    release_freed_memory()
     app.state.ready = True
     app.state.metrics.ready.set(1)
+    meta = artifact.meta
     log.info(
-        "serving %s (%s, %s, %d bytes) from %s: loaded in %.0f ms, warm-up %.1f ms, k max %d",
-        artifact.model, app.state.metadata.dataset, app.state.metadata.quantization,
-        app.state.metadata.sizes.model_bytes, settings.artifact,
+        "serving %s (%s, %s, %d bytes) from %s: loaded in %.0f ms, warm-up %.1f ms, k max %d%s",
+        meta.model, meta.dataset, meta.quantization, meta.artifact_bytes, settings.artifact,
         (time.perf_counter() - t0) * 1000, warm * 1000, limits.k_max,
+        ", batches answered row by row" if artifact.row_by_row else "",
     )  # fmt: skip
     try:
         yield
@@ -406,8 +412,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.artifact = None
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """A new app (own settings, own metrics registry); the model loads when its lifespan starts."""
+def create_app(settings: Settings | None = None, artifact: Artifact | None = None) -> FastAPI:
+    """A new app (own settings, own metrics registry); the model loads when its lifespan starts
+    (or `artifact`, already loaded from settings.artifact, is used)."""
     settings = settings or Settings()  # type: ignore[call-arg]  # artifact comes from LSAN_ARTIFACT
     app = FastAPI(
         title="LSAN on-device recommender (simulated edge device)",
@@ -420,6 +427,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     app.state.settings, app.state.ready, app.state.metrics = settings, False, new_metrics()
+    app.state.preloaded = artifact
     app.state.limits = Limits(  # the lifespan lowers k_max to the artifact's top-K
         k_max=settings.max_k, max_history=settings.max_history, max_batch=settings.max_batch,
         max_body_bytes=settings.max_body_bytes,
@@ -439,10 +447,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def run_server(settings: Settings) -> None:
     """Check the artifact (a clean ArtifactError before anything starts), then run uvicorn."""
-    load_artifact(settings.artifact, settings.threads)
-    uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, timeout_graceful_shutdown=5
-    )
+    artifact = load_artifact(settings.artifact, settings.threads)
+    uvicorn.run(create_app(settings, artifact), host=settings.host, port=settings.port,
+                timeout_graceful_shutdown=5)  # fmt: skip
 
 
 def serve(artifact: str, host: str = "127.0.0.1", port: int = 8000, threads: int = 1) -> None:

@@ -1,30 +1,30 @@
 """Artifact -> recommendations with onnxruntime and numpy only (the device's footprint).
 
-Used by the HTTP server and the benchmarks. It never imports torch: loading an artifact checks
-the model file's sha256 against metadata.json, maps raw item ids to indices, derives categories
-and time slots exactly as training did, truncates to the model's max length (most recent kept),
-left-pads, and runs one onnxruntime session (safe to call from many threads at once).
+Used by the HTTP server and the benchmarks; it never imports torch. `load_artifact` opens the
+artifact with `lsan.artifact.read` (every file checked, every field validated, one probe batch),
+then `recommend` maps raw item ids to indices, derives categories and time slots exactly as
+training did, truncates to the model's max length (most recent kept), left-pads to it, and runs
+the one onnxruntime session (safe to call from many threads at once). A batch of histories is
+one session run, or one run per history when the artifact's format is batch-dependent (int8
+dynamic quantization scales activations over the whole batch): either way a history gets the
+same answer alone and in any batch.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
-from lsan.data.slots import NUM_SLOTS, PAD, UNKNOWN, time_slots
-from lsan.digest import file_digest
+from lsan.artifact import NEG, ArtifactError, read
+from lsan.artifact import Artifact as Verified
+from lsan.data.slots import PAD, UNKNOWN, time_slots
 
-NEG = -1e9  # the graph's score for excluded and padding items (lsan.models.layers.NEG)
+__all__ = ["Artifact", "ArtifactError", "Result", "load_artifact"]
 
-
-class ArtifactError(RuntimeError):
-    """The artifact directory is missing, incomplete or has been tampered with."""
+History = list[tuple[int, float | None]]  # (raw item id, unix seconds or None), oldest first
 
 
 @dataclass
@@ -35,45 +35,47 @@ class Result:
 
 
 class Artifact:
-    """A loaded artifact: metadata, id maps and an onnxruntime session."""
+    """A verified artifact ready to answer: metadata, id maps and the onnxruntime session."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], threads: int = 1):
-        self.path, self.meta = path, meta
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(
-            str(path / "model.onnx"), opts, providers=["CPUExecutionProvider"]
-        )
-        self.raw_ids = np.asarray(meta["raw_item_ids"], dtype=np.int64)  # index -> raw id
-        self.index_of = {int(r): i for i, r in enumerate(meta["raw_item_ids"]) if i > 0}
-        self.category = np.asarray(meta["item_category"], dtype=np.int64)
-        self.slot_rule = meta["time_slot_rule"]["rule"]
-        if self.slot_rule not in NUM_SLOTS:
-            raise ArtifactError(f"unknown time-slot rule {self.slot_rule!r} in metadata")
-        self.max_len = int(meta["contract"]["max_len"])
-        self.k_max = int(meta["contract"]["k"])
-        self.popular = [int(i) for i in meta.get("popular_items", [])]
+    def __init__(self, verified: Verified):
+        self.path, self.meta, self.session = verified.path, verified.meta, verified.session
+        self.files = verified.manifest.files  # bytes and sha256 of each file
+        t = verified.tables
+        self.raw_ids = t.raw_item_ids  # index -> raw id
+        self.catalogue = t.raw_item_ids[1:]  # raw ids of items 1..|V|
+        # raw id -> index by binary search: a fraction of a dict's memory on a phone
+        self.order = np.argsort(self.catalogue, kind="stable")
+        self.sorted_ids = self.catalogue[self.order]
+        self.category = t.item_category
+        self.popular = t.popular_items.tolist()
+        self.slot_rule = self.meta.time_slot_rule
+        self.max_len, self.k_max = self.meta.contract.max_len, self.meta.contract.k
+        self.row_by_row = not self.meta.batch_invariant
 
     @property
     def model(self) -> str:
-        return str(self.meta["model"])
+        return self.meta.model
 
     def encode(
-        self, histories: list[list[tuple[int, float | None]]], exclude_seen: bool
+        self, histories: list[History], exclude_seen: bool
     ) -> tuple[dict[str, np.ndarray], list[list[int]], list[int]]:
         """Raw histories -> model feeds; also the unknown ids and known-item count per user."""
         rows, unknown, known_counts = [], [], []
         for hist in histories:
-            idx = [self.index_of.get(int(item)) for item, _ in hist]
-            unknown.append([int(item) for (item, _), i in zip(hist, idx, strict=True) if i is None])
-            kept = [(i, ts) for i, (_, ts) in zip(idx, hist, strict=True) if i is not None]
+            idx = self.indices([item for item, _ in hist])
+            unknown.append([int(item) for (item, _), i in zip(hist, idx, strict=True) if i == 0])
+            kept = [(int(i), ts) for i, (_, ts) in zip(idx, hist, strict=True) if i != 0]
             known_counts.append(len(kept))
             rows.append(kept)
         b = len(rows)
         t = self.max_len  # always the training length: scores then match training exactly
-        e = max(1, max((len(r) for r in rows), default=1)) if exclude_seen else 1
+        # the exclude width in powers of two (PAD entries exclude nothing): few distinct input
+        # shapes, so onnxruntime's per-shape buffers stay few
+        e = (
+            1 << (max(1, max((len(r) for r in rows), default=1)) - 1).bit_length()
+            if exclude_seen
+            else 1
+        )
         items = np.zeros((b, t), dtype=np.int64)
         slots = np.zeros((b, t), dtype=np.int64)
         exclude = np.zeros((b, e), dtype=np.int64)
@@ -98,15 +100,20 @@ class Artifact:
             known_counts,
         )
 
+    def indices(self, raw_ids: list[int]) -> np.ndarray:
+        """Item index of each raw id, 0 for an id not in the catalogue."""
+        ids = np.fromiter(raw_ids, dtype=np.int64, count=len(raw_ids))
+        pos = np.minimum(np.searchsorted(self.sorted_ids, ids), len(self.sorted_ids) - 1)
+        return np.where(self.sorted_ids[pos] == ids, self.order[pos] + 1, 0)
+
     def recommend(
-        self,
-        histories: list[list[tuple[int, float | None]]],
-        k: int = 10,
-        exclude_seen: bool = True,
+        self, histories: list[History], k: int = 10, exclude_seen: bool = True
     ) -> list[Result]:
-        """Top-k raw item ids and scores for each history (a batch in one onnxruntime call)."""
+        """Top-k raw item ids and scores for each history."""
         if not 1 <= k <= self.k_max:
             raise ValueError(f"k must be between 1 and {self.k_max}")
+        if self.row_by_row and len(histories) > 1:
+            return [self.recommend([h], k, exclude_seen)[0] for h in histories]
         feeds, unknown, known = self.encode(histories, exclude_seen)
         top_items, top_scores = self.session.run(["top_items", "top_scores"], feeds)
         results = []
@@ -126,31 +133,11 @@ class Artifact:
     def warm_up(self) -> float:
         """One full-length request, so the first real request does not pay graph initialisation."""
         t0 = time.perf_counter()
-        first = next(iter(self.index_of))
-        self.recommend([[(first, None)] * min(self.max_len, 8)], k=1)
+        first = int(self.catalogue[0])
+        self.recommend([[(first, None)] * self.max_len], k=1)
         return time.perf_counter() - t0
 
 
 def load_artifact(path: str | Path, threads: int = 1) -> Artifact:
-    """Load and verify an artifact directory (metadata.json + model.onnx)."""
-    path = Path(path)
-    meta_path, model_path = path / "metadata.json", path / "model.onnx"
-    if not meta_path.is_file() or not model_path.is_file():
-        raise ArtifactError(
-            f"{path} is not an artifact directory (needs metadata.json and model.onnx)"
-        )
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{meta_path} is not valid JSON: {exc}") from None
-    want = meta.get("sha256")
-    if not want or file_digest(model_path) != want:
-        raise ArtifactError(
-            f"{model_path}: checksum mismatch with metadata.json (file changed or corrupt)"
-        )
-    try:
-        return Artifact(path, meta, threads)
-    except (KeyError, TypeError) as exc:
-        raise ArtifactError(f"{meta_path} lacks a field the runtime needs: {exc}") from None
-    except ort.capi.onnxruntime_pybind11_state.Fail as exc:
-        raise ArtifactError(f"{model_path} cannot be loaded by onnxruntime: {exc}") from None
+    """Open and verify an artifact directory (lsan.artifact.read); ArtifactError if unusable."""
+    return Artifact(read(path, threads))

@@ -8,10 +8,12 @@ the routes, with the same error shape.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
+
+from lsan.artifact import ArtifactMeta, FileEntry
 
 INT64_MAX = 2**63 - 1
 MAX_TIMESTAMP = 253_402_300_799  # 9999-12-31T23:59:59Z: anything later is not a unix time
@@ -135,12 +137,6 @@ class Ready(BaseModel):
     model: str | None = None
 
 
-class Sizes(BaseModel):
-    model_bytes: int = Field(description="model.onnx as shipped")
-    metadata_bytes: int = Field(description="metadata.json")
-    formats: dict[str, int] = Field(description="bytes of every format measured at export")
-
-
 class Limits(BaseModel):
     k_max: int
     max_history: int
@@ -148,24 +144,11 @@ class Limits(BaseModel):
     max_body_bytes: int
 
 
-class Metadata(BaseModel):
-    model: str
-    hyperparameters: dict[str, Any] = Field(description="the model's configuration")
-    dataset: str
-    dataset_stats: dict[str, Any]
-    num_items: int
-    num_categories: int
-    time_slot_rule: str
-    max_len: int = Field(description="longest history the model reads (most recent kept)")
-    k_max: int = Field(description="largest k this server answers")
-    quantization: str
-    opset: int
-    sizes: Sizes
-    sha256: str
-    parity: dict[str, dict[str, Any]] = Field(description="export-time checks of every format")
-    verification_problems: list[str]
-    test_metrics: dict[str, float] | None = Field(description="the shipped artifact, onnxruntime")
-    test_metrics_pytorch: dict[str, float] | None
-    onnxruntime_version: str = Field(description="onnxruntime the artifact was exported with")
+class Metadata(ArtifactMeta):
+    """What is served: the artifact's metadata exactly as exported (lsan.artifact.ArtifactMeta:
+    model, dataset, contract, format, export checks, test metrics, sizes), plus this server's
+    own settings. The id tables stay out."""
+
+    files: dict[str, FileEntry] = Field(description="the manifest: bytes and sha256 of each file")
     threads: int = Field(description="onnxruntime intra-op threads of this server")
-    limits: Limits
+    limits: Limits = Field(description="this server's limits (k_max: never above contract.k)")

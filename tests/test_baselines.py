@@ -11,11 +11,12 @@ import torch.nn.functional as F
 from conftest import train_tiny
 
 import tests.test_models as test_models
-from export.export import ExportError, export, main
 from lsan.checkpoint import load_model, read_config
 from lsan.config import EvalConfig
 from lsan.data.batching import SeqTensors, eval_tensors
 from lsan.evaluate import rank_users, target_ranks
+from lsan.export import ExportError
+from lsan.export.export import export, main
 from lsan.models import DataInfo, build_model, model_config
 from lsan.models.layers import NEG
 from lsan.models.objectives import batch_loss, uses_users
@@ -284,9 +285,9 @@ def test_old_checkpoints_without_user_count_still_load(trained, tmp_path):
 def test_gru4rec_exports_with_parity(trained, small_ds, tmp_path):
     meta = export(trained["gru4rec"], tmp_path / "a", quant="fp32", k=20, ds=small_ds,
                   log=lambda *_: None)  # fmt: skip
-    fp32 = meta["parity"]["fp32"]
-    assert fp32["max_abs_score_diff"] <= 1e-4 and fp32["top10_identical"]
-    assert meta["test_metrics"]["NDCG@10"] == pytest.approx(ndcg10(trained["gru4rec"]), abs=1e-6)
+    fp32 = meta.parity["fp32"]
+    assert fp32.max_abs_score_diff <= 1e-4 and fp32.top10_identical
+    assert meta.test_metrics["NDCG@10"] == pytest.approx(ndcg10(trained["gru4rec"]), abs=1e-6)
 
 
 @pytest.mark.parametrize("name", WITH_USERS)

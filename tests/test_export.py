@@ -1,22 +1,29 @@
 """Export tiny trained models of each kind and check the artifact against PyTorch."""
 
-import json
+import os
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import train_tiny
+from conftest import REPO, train_tiny
 
-from export.export import ExportError, InferenceGraph, example_inputs, export, feeds, main
+from lsan.artifact import MANIFEST, META, MODEL, NEG, TABLES, feeds, read
 from lsan.checkpoint import load_model
+from lsan.export import ExportError
+from lsan.export.export import export, main
+from lsan.export.graph import InferenceGraph, example_inputs
+from lsan.export.quantize import FORMATS
+from lsan.models.layers import NEG as MODEL_NEG
 
 KINDS = {
     "sasrec": {"dim": 16, "layers": 1},
     "lsan": {"dim": 16, "m1": 0},
     "lsan_full": {"dim": 16},
 }
+FILES = sorted([MANIFEST, META, MODEL, TABLES])
 
 
 @pytest.fixture(scope="module")
@@ -39,44 +46,71 @@ def artifacts(checkpoints, small_ds, tmp_path_factory):
 @pytest.mark.parametrize("name", list(KINDS))
 def test_artifact_matches_pytorch(name, checkpoints, artifacts):
     path, meta = artifacts[name]
-    assert sorted(p.name for p in path.iterdir()) == ["metadata.json", "model.onnx"]
-    assert json.loads((path / "metadata.json").read_text()) == meta
-    fp32 = meta["parity"]["fp32"]
-    assert fp32["max_abs_score_diff"] <= 1e-4 and fp32["top10_identical"]
+    assert sorted(p.name for p in path.iterdir()) == FILES
+    opened = read(path)
+    assert opened.meta == meta
+    fp32 = meta.parity["fp32"]
+    assert fp32.max_abs_score_diff <= 1e-4 and fp32.top10_identical and fp32.batch_invariant
+    assert set(meta.parity) == set(FORMATS)  # every format was tried (int4 too)
     # the shipped artifact reproduces PyTorch's recommendations on a fresh batch
     model, _, info = load_model(checkpoints[name])
     x = example_inputs(info, batch=5, length=9, seed=7)
     with torch.no_grad():
         ref_top, ref_scores, _ = InferenceGraph(model, 20)(*x)
-    sess = ort.InferenceSession(str(path / "model.onnx"), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(path / MODEL), providers=["CPUExecutionProvider"])
     top, scores = sess.run(["top_items", "top_scores"], feeds(*x))
     overlap = np.mean(
         [len(set(a[:10]) & set(b[:10])) / 10 for a, b in zip(top, ref_top.numpy(), strict=True)]
     )
     assert overlap >= 0.9
     assert not set(top[0].tolist()) & set(x[3][0].tolist())  # excluded items never come back
-    if meta["quantization"] == "fp32":
+    if meta.quantization == "fp32":
         assert np.allclose(scores, ref_scores.numpy(), atol=1e-4)
     # test metrics of this exact artifact are recorded, and close to PyTorch's
-    assert meta["test_metrics"]["NDCG@10"] == pytest.approx(
-        meta["test_metrics_pytorch"]["NDCG@10"], rel=0.02, abs=2e-3
+    assert meta.test_metrics["NDCG@10"] == pytest.approx(
+        meta.test_metrics_pytorch["NDCG@10"], rel=0.02, abs=2e-3
     )
-    assert (
-        meta["sha256"]
-        and meta["contract"]["k"] == 20
-        and len(meta["raw_item_ids"]) == info.num_items + 1
-    )
-    props = {p.key: p.value for p in onnx.load(str(path / "model.onnx")).metadata_props}
+    assert meta.contract.k == 20 and len(opened.tables.raw_item_ids) == info.num_items + 1
+    assert meta.batch_invariant == meta.parity[meta.quantization].batch_invariant
+    props = {p.key: p.value for p in onnx.load(str(path / MODEL)).metadata_props}
     assert props["lsan.model"] == name and props["lsan.num_items"] == str(info.num_items)
+
+
+def test_sizes_count_every_file_and_tables_are_binary(artifacts):
+    path, meta = artifacts["sasrec"]
+    assert meta.artifact_bytes == sum(p.stat().st_size for p in path.iterdir())
+    assert meta.model_onnx_bytes == (path / MODEL).stat().st_size
+    text = (path / META).read_text()
+    assert "raw_item_ids" not in text and "popular_items" not in text  # ids live in tables.npz
+    opened = read(path)
+    with np.load(path / TABLES) as npz:  # raw ids as differences, in the narrowest type
+        assert npz["raw_item_ids_diff"].itemsize <= 2
+        assert np.array_equal(np.cumsum(npz["raw_item_ids_diff"]), opened.tables.raw_item_ids)
+
+
+def test_nothing_shipped_names_the_exporting_machine(artifacts, checkpoints):
+    """No absolute path of the exporting machine (checkpoint, repo, home, temp) in any file."""
+    roots = {str(Path(checkpoints["sasrec"]).resolve().parent), str(REPO), os.path.expanduser("~"),
+             "/tmp/", str(Path(artifacts["sasrec"][0]).resolve().parent)}  # fmt: skip
+    for name in KINDS:
+        path, meta = artifacts[name]
+        assert meta.source.checkpoint == Path(checkpoints[name]).name
+        for f in path.iterdir():
+            data = f.read_bytes()
+            for root in roots:
+                assert root.encode() not in data, (f.name, root)
+
+
+def test_graph_and_models_agree_on_the_masked_score():
+    assert NEG == MODEL_NEG
 
 
 def test_dynamic_batch_and_length(artifacts, checkpoints):
     path, _ = artifacts["lsan"]
     _, _, info = load_model(checkpoints["lsan"])
-    sess = ort.InferenceSession(str(path / "model.onnx"), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(path / MODEL), providers=["CPUExecutionProvider"])
     for b, t in [(1, 1), (1, info.max_len), (7, 3)]:
-        items, cats, slots, excl = example_inputs(info, batch=b, length=t)
-        top = sess.run(["top_items"], feeds(items, cats, slots, excl))[0]
+        top = sess.run(["top_items"], feeds(*example_inputs(info, batch=b, length=t)))[0]
         assert top.shape == (b, 20)
 
 
@@ -85,7 +119,7 @@ def test_lsan_graph_never_holds_a_full_item_matrix(artifacts, checkpoints):
     _, _, info = load_model(checkpoints["lsan"])
     v, d = info.num_items + 1, KINDS["lsan"]["dim"]
     for name in ("lsan", "lsan_full"):
-        model = onnx.shape_inference.infer_shapes(onnx.load(str(artifacts[name][0] / "model.onnx")))
+        model = onnx.shape_inference.infer_shapes(onnx.load(str(artifacts[name][0] / MODEL)))
         g = model.graph
         shapes = [list(i.dims) for i in g.initializer]
         shapes += [[dim.dim_value for dim in vi.type.tensor_type.shape.dim] for vi in g.value_info]
@@ -94,21 +128,6 @@ def test_lsan_graph_never_holds_a_full_item_matrix(artifacts, checkpoints):
             assert not full, full
         else:  # the check can fail: the full-table variant does hold one
             assert full
-
-
-def test_tampered_artifact_is_detected(artifacts, tmp_path):
-    from serving.runtime import ArtifactError, load_artifact
-
-    path, _ = artifacts["lsan"]
-    load_artifact(path)  # the untouched artifact loads
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "metadata.json").write_text((path / "metadata.json").read_text())
-    data = bytearray((path / "model.onnx").read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    (bad / "model.onnx").write_bytes(bytes(data))
-    with pytest.raises(ArtifactError, match="checksum"):
-        load_artifact(bad)
 
 
 def test_bad_inputs_are_clear_and_leave_nothing(checkpoints, tmp_path, capsys):
@@ -120,24 +139,18 @@ def test_bad_inputs_are_clear_and_leave_nothing(checkpoints, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(ExportError, match="unknown quantization"):
         export(checkpoints["lsan"], tmp_path / "b", quant="int3")
-    assert not (tmp_path / "a").exists() and not list(tmp_path.glob(".export-*"))
+    assert not (tmp_path / "a").exists() and not list(tmp_path.glob(".*.export-*"))
 
 
 def test_failed_check_refuses_unless_forced(checkpoints, small_ds, tmp_path):
     # a max-drop below zero cannot be met by a quantized format: the export must refuse
     with pytest.raises(ExportError, match="verification failed"):
-        export(
-            checkpoints["sasrec"],
-            tmp_path / "a",
-            quant="int8",
-            max_drop=-1.0,
-            ds=small_ds,
-            log=lambda *_: None,
-        )
-    assert not (tmp_path / "a").exists()
-    meta = export(checkpoints["sasrec"], tmp_path / "a", quant="int8", max_drop=-1.0, force=True, ds=small_ds,
-                  log=lambda *_: None)  # fmt: skip
-    assert meta["verification_problems"] and (tmp_path / "a" / "model.onnx").is_file()
+        export(checkpoints["sasrec"], tmp_path / "a", quant="int8", max_drop=-1.0, ds=small_ds,
+               log=lambda *_: None)  # fmt: skip
+    assert not (tmp_path / "a").exists() and not list(tmp_path.glob(".*"))
+    meta = export(checkpoints["sasrec"], tmp_path / "a", quant="int8", max_drop=-1.0, force=True,
+                  ds=small_ds, log=lambda *_: None)  # fmt: skip
+    assert meta.verification_problems and read(tmp_path / "a").meta == meta
 
 
 def test_ae_artifact_matches_pytorch_at_every_length(small_ds, tmp_path):
@@ -145,9 +158,7 @@ def test_ae_artifact_matches_pytorch_at_every_length(small_ds, tmp_path):
     ck = train_tiny("bert4rec", {"dim": 16, "layers": 1}, small_ds, tmp_path / "ck", epochs=1)
     export(ck, tmp_path / "art", quant="fp32", k=20, ds=small_ds, log=lambda *_: None)
     model, _, info = load_model(ck)
-    sess = ort.InferenceSession(
-        str(tmp_path / "art" / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
+    sess = ort.InferenceSession(str(tmp_path / "art" / MODEL), providers=["CPUExecutionProvider"])
     for length in (5, info.max_len):
         x = example_inputs(info, batch=4, length=length, seed=length)
         with torch.no_grad():

@@ -12,6 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,10 +30,11 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
-from export.export import export
-from serving.app import create_app, serve
-from serving.runtime import ArtifactError, load_artifact
-from serving.settings import Settings
+from lsan.artifact import MODEL, read
+from lsan.export.export import export
+from lsan.serving.app import create_app, serve
+from lsan.serving.runtime import ArtifactError, load_artifact
+from lsan.serving.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000  # a unix time to build histories from
@@ -46,13 +50,18 @@ def artifact(small_ds, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def meta(artifact) -> dict:
-    return json.loads((artifact / "metadata.json").read_text())
+def opened(artifact):
+    return read(artifact)
 
 
 @pytest.fixture(scope="module")
-def catalogue(meta) -> list[int]:
-    return [int(r) for r in meta["raw_item_ids"][1:]]  # index 0 is padding
+def meta(opened):
+    return opened.meta
+
+
+@pytest.fixture(scope="module")
+def catalogue(opened) -> list[int]:
+    return [int(r) for r in opened.tables.raw_item_ids[1:]]  # index 0 is padding
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +93,16 @@ def test_health_ready_metadata(client, artifact, meta):
     r = client.get("/metadata")
     assert r.status_code == 200 and len(r.content) < 10_000  # no id tables
     got = r.json()
-    assert not {"raw_item_ids", "item_category", "popular_items", "checkpoint"} & set(got)
+    assert "raw_item_ids" not in r.text and "popular_items" not in r.text
     assert got["model"] == "lsan" and got["dataset"] == "synthetic"
-    assert got["max_len"] == 12 and got["k_max"] == 20 and got["quantization"] == "fp32"
-    assert got["sizes"]["model_bytes"] == (artifact / "model.onnx").stat().st_size
-    assert got["sizes"]["formats"] == {"fp32": meta["parity"]["fp32"]["bytes"]}
+    assert got["contract"]["max_len"] == 12 and got["contract"]["k"] == 20
+    assert got["quantization"] == "fp32" and got["batch_invariant"] is True
+    assert got["model_onnx_bytes"] == (artifact / MODEL).stat().st_size
+    assert got["artifact_bytes"] == sum(p.stat().st_size for p in artifact.iterdir())
     assert got["parity"]["fp32"]["top10_identical"] is True
-    assert got["test_metrics"] == meta["test_metrics"] and got["sha256"] == meta["sha256"]
+    assert got["test_metrics"] == meta.test_metrics
+    assert got["files"][MODEL]["sha256"] == read(artifact).manifest.files[MODEL].sha256
+    assert got["threads"] == 1
     assert got["limits"] == {"k_max": 20, "max_history": 1000, "max_batch": 64,
                              "max_body_bytes": 1 << 20}  # fmt: skip
 
@@ -131,8 +143,9 @@ def test_unknown_items_are_skipped_and_reported(client, catalogue):
     assert [i["item_id"] for i in body["items"]] == [i["item_id"] for i in known["items"]]
 
 
-def test_empty_or_unknown_history_falls_back_to_popular(client, meta):
-    popular = [meta["raw_item_ids"][i] for i in meta["popular_items"][:5]]
+def test_empty_or_unknown_history_falls_back_to_popular(client, opened):
+    t = opened.tables
+    popular = [int(t.raw_item_ids[i]) for i in t.popular_items[:5]]
     for h, unknown in [([], []), (history([10**9, 10**9 + 1]), [10**9, 10**9 + 1])]:
         body = client.post("/recommend", json={"history": h, "k": 5}).json()
         assert body["fallback"] == "popular" and body["unknown_items"] == unknown
@@ -223,10 +236,9 @@ def test_apps_have_their_own_settings_and_registries(artifact, monkeypatch):
     a, b = create_app(), create_app(Settings(artifact=artifact, max_k=500))
     assert a.state.metrics.registry is not b.state.metrics.registry
     with TestClient(a) as ca, TestClient(b) as cb:
-        assert (
-            ca.get("/metadata").json()["k_max"] == 5 and ca.get("/metadata").json()["threads"] == 2
-        )
-        assert cb.get("/metadata").json()["k_max"] == 20  # never above the artifact's top-K
+        got = ca.get("/metadata").json()
+        assert got["limits"]["k_max"] == 5 and got["threads"] == 2
+        assert cb.get("/metadata").json()["limits"]["k_max"] == 20  # never above the top-K
         assert ca.post("/recommend", json={"history": [], "k": 6}).status_code == 422
         assert counter(cb.get("/metrics").text, "lsan_http_requests_total", route="/recommend") == 0
 
@@ -351,6 +363,32 @@ def test_fuzzed_requests_never_get_a_5xx(api_schema, path, mode):
     check()
 
 
+# ---------------------------------------------------------------- the device install
+
+
+def test_the_device_side_imports_no_training_library(tmp_path):
+    """`lsan serve`, the server and the runtime need none of torch, pandas, onnx, ... (CI also
+    installs `lsan[serve]` alone in a fresh venv and serves from it)."""
+    code = ("import sys, lsan.cli, lsan.serving.__main__, lsan.serving.app, lsan.artifact\n"
+            "heavy = ('torch', 'pandas', 'sklearn', 'onnx', 'onnxscript', 'matplotlib', 'tqdm')\n"
+            "print(sorted(m for m in heavy if m in sys.modules))")  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_every_package_ships_under_lsan():
+    """No generic top-level name (export, serving, benchmarks) is installed, and no package of
+    the checkout is left out of the wheel."""
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"lsan": REPO / "lsan"} | {k: REPO / v for k, v in cfg["package-dir"].items()}
+    found = set()
+    for name, folder in folders.items():
+        for init in folder.rglob("__init__.py"):
+            found.add(".".join([name, *init.parent.relative_to(folder).parts]))
+    assert set(cfg["packages"]) == found
+    assert all(p == "lsan" or p.startswith("lsan.") for p in cfg["packages"])
+
+
 # ---------------------------------------------------------------- the real server
 
 
@@ -419,6 +457,37 @@ def test_real_server_over_http(server, catalogue):
         assert "lsan_http_requests_total" in c.get("/metrics").text
 
 
+def post_raw(url: str, body: bytes, chunked: bool) -> tuple[int | str, dict]:
+    """POST with the standard library, which sends `Connection: close`: a server that answers
+    and closes before reading the whole body makes it see a reset, not the answer."""
+    data = (body[i : i + 65536] for i in range(0, len(body), 65536)) if chunked else body
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    except (urllib.error.URLError, OSError) as e:
+        return type(e).__name__, {}
+
+
+def test_every_oversize_body_is_a_json_413(server):
+    """By Content-Length or chunked, a 100k-entry history or batch: always the JSON 413, never a
+    connection reset (the server reads and drops the rest of the body before answering)."""
+    url, _ = server
+    history_body = {"history": [{"item_id": i, "timestamp": T0 + i} for i in range(100_000)]}
+    batch_body = {"requests": [{"history": [{"item_id": 1}]}] * 100_000}
+    cases = [("/recommend", json.dumps(history_body).encode()),
+             ("/recommend/batch", json.dumps(batch_body).encode())]  # fmt: skip
+    for _ in range(2):
+        for path, body in cases:
+            for chunked in (False, True):
+                status, got = post_raw(url + path, body, chunked)
+                assert status == 413, (path, chunked, status)
+                assert "larger than" in got["message"]
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+
+
 def test_bounded_load_has_no_errors_and_flat_memory(server, catalogue):
     url, proc = server
     rng = random.Random(0)
@@ -457,10 +526,10 @@ def test_bounded_load_has_no_errors_and_flat_memory(server, catalogue):
 def test_tampered_artifact_stops_startup(artifact, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(artifact, bad)
-    data = bytearray((bad / "model.onnx").read_bytes())
+    data = bytearray((bad / MODEL).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (bad / "model.onnx").write_bytes(bytes(data))
-    with pytest.raises(ArtifactError, match="checksum mismatch"):
+    (bad / MODEL).write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256"):
         serve(str(bad), port=free_port())
     with pytest.raises(ArtifactError, match="not an artifact directory"):
         serve(str(tmp_path / "missing"), port=free_port())
@@ -468,5 +537,5 @@ def test_tampered_artifact_stops_startup(artifact, tmp_path):
     proc = start(bad, log, "--port", str(free_port()))
     assert proc.wait(timeout=60) != 0
     out = log.read_text().strip()
-    assert out.startswith("error: ") and "checksum mismatch" in out, out
+    assert out.startswith("error: ") and "sha256" in out and MODEL in out, out
     assert "Traceback" not in out and len(out.splitlines()) == 1, out

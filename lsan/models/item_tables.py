@@ -265,28 +265,39 @@ class CodeTable(_Composed):
     def codes_of(self, ids: torch.Tensor) -> torch.Tensor:
         return self.codes.long()[ids]
 
-    def rows(self) -> torch.Tensor:
-        """(N, |V|+1): each item's row in the books stacked into one (sum m_n, D) table."""
-        offsets = torch.tensor([0, *self.sizes[:-1]], device=self.codes.device).cumsum(0)
-        return (self.codes.long() + offsets).T
+    def codes_t(self) -> torch.Tensor:
+        """(N, |V|+1) long: in ONNX one folded constant, stored uint8 by export (see scores)."""
+        return self.codes.long().T
 
     def base(self, items: torch.Tensor) -> torch.Tensor:
-        books = torch.cat(list(self.tables))  # one table in ONNX (the concat folds at export)
-        vecs = F.embedding(self.rows().T[items], books)  # (B, T, N, D)
+        codes = self.codes_t()[:, items]  # (N, B, T)
+        vecs = torch.stack([F.embedding(codes[n], t) for n, t in enumerate(self.tables)], dim=-2)
         return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
-        """One matmul against the stacked books, one gather laid out (N, |V|+1), one sum.
+        """Per book h . E_n, gathered by the codes laid out (N, |V|+1), summed over the books.
 
-        In ONNX the index table is a single integer constant (export stores it as int16 or
-        uint8, cast at load); the large axis is last, onnxruntime's fast layout.
+        Equal books (the usual case) run as one matmul against the stacked books and one
+        GatherElements whose index is the code table itself, expanded at run time, so the ONNX
+        file holds the codes once, as the same (N, |V|+1) constant `base` reads (export stores
+        it uint8 and merges identical constants); the large axis is last, onnxruntime's fast
+        layout. Unequal books (a hybrid own-rows book) gather book by book.
         """
-        books = torch.cat(list(self.tables))
-        parts = F.linear(h, books)[..., self.rows()]  # (..., N, |V|+1)
+        lead, d = h.shape[:-1], h.shape[-1]
+        flat = h.reshape(-1, d)
+        codes = self.codes_t()
+        if len(set(self.sizes)) == 1:
+            s = F.linear(flat, torch.cat(list(self.tables))).view(-1, len(self.sizes), self.sizes[0])
+            parts = s.gather(2, codes.unsqueeze(0).expand(s.shape[0], -1, -1))  # (P, N, |V|+1)
+        else:
+            parts = torch.stack(
+                [F.linear(flat, t)[:, codes[n]] for n, t in enumerate(self.tables)], dim=1
+            )
         if self.item_weights is not None:
             parts = parts * self.item_weights.T
-        total = parts.sum(-2)
-        return total + self.item_bias if self.item_bias is not None else total
+        total = parts.sum(1)
+        total = total + self.item_bias if self.item_bias is not None else total
+        return total.reshape(*lead, self.num_ids)
 
 
 def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> nn.Module:

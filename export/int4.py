@@ -1,0 +1,415 @@
+"""fp32 ONNX model -> 4-bit weights: `quantize_int4(src, dst)`.
+
+Why 4 bits: on the device the artifact is dominated by the item tables (|V| x D floats, read as
+embeddings and again as the output layer). Block-wise 4-bit codes with one fp32 scale and one
+4-bit zero point per block of `block_size` values cost 4 + 36/block_size bits per weight (5.1 at
+block 32: a sixth of fp32, two thirds of per-tensor int8), and the per-block scale keeps the
+error local to 32 values instead of a whole table.
+
+What is rewritten, for each float32 initializer with at least `min_elements` values:
+- MatMul whose B is the initializer (K x N), Gemm with it as B (alpha = beta = 1, no transA), and
+  MatMul whose B is `Transpose(initializer)` (the dynamo exporter's tied output layer,
+  `h @ E.T`) become onnxruntime's `MatMulNBits` (com.microsoft): the weights stay 4-bit in memory
+  and the kernel multiplies block by block, by default with int8 activations (accuracy_level 4,
+  quantized per block of each row, so a user's scores never depend on the rest of the batch).
+- Gather along axis 0 of a 2-D table whose row length is a multiple of the block becomes
+  `GatherBlockQuantized` (com.microsoft, uint8 data, bits = 4, blocks along the row): only the
+  gathered rows are decoded.
+- Every other use (per-item bias and weight vectors, codebooks multiplied with a computed tensor,
+  a Gather whose rows do not split into blocks) reads the float tensor back from a decoder made of
+  standard ops (BitwiseAnd, BitShift, Concat, Cast, Sub, Mul, Reshape, Slice, Transpose) whose
+  inputs are all initializers, so onnxruntime's constant folding evaluates it once when the
+  session loads: no per-request cost, only the bytes on disk shrink.
+All three share one storage layout, MatMulNBits' own: the matrix is quantized row by row in
+blocks along its last axis, codes packed two per byte (low nibble first) as uint8 (R, blocks,
+block/2), scales float32 (R, blocks), zero points packed the same way (R, ceil(blocks/2)). So a
+table used by Gather and by the output layer is stored once: GatherBlockQuantized reads the
+packed codes as (R, cols/2) and MatMulNBits through a Reshape that is folded at load. The codes
+come from onnxruntime's own block quantizer (the kernel behind `MatMulNBitsQuantizer`, asymmetric).
+The graph keeps opset 18 and no int4 tensor types.
+
+`MatMulNBitsQuantizer` itself is not used for the graph: on these exports it leaves the tied
+item table in fp32 for the Transpose and adds a 4-bit copy for the Gather (the SASRec file grows),
+misses Gemm and element-wise uses, and raises the opset to 21 for int4 Gather tensors.
+
+What stays float (reported with the reason): initializers under `min_elements` (layer norms,
+biases of a hidden width, position tables), initializers holding non-finite values (a mask
+would lose its meaning), initializers that are also graph inputs or outputs, and float types
+other than float32. Integer initializers (item code tables, shapes, indices) are never touched.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import NodeProto, TensorProto, helper, numpy_helper
+
+# The block quantizer MatMulNBitsQuantizer calls; importing the tool's module would configure
+# the root logger as a side effect.
+from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+MS = "com.microsoft"
+OTHER_FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A matrix (rows, cols) quantized row by row in blocks along its last axis (MatMulNBits)."""
+
+    packed: np.ndarray  # (rows, blocks, block // 2) uint8, two codes 0..15 a byte, low nibble first
+    scales: np.ndarray  # (rows, blocks) float32
+    zeros: np.ndarray  # (rows, ceil(blocks / 2)) uint8, zero points packed like the codes
+    cols: int  # values per row before padding to whole blocks
+
+    @property
+    def block(self) -> int:
+        return self.packed.shape[2] * 2
+
+
+@dataclass
+class Edit:
+    """One call's rewrite: what it adds to and removes from the graph (never shared)."""
+
+    accuracy_level: int  # MatMulNBits' compute: 0 (unset) fp32, 4 int8 activations per row block
+    initializers: list[TensorProto] = field(default_factory=list)
+    decoders: list[NodeProto] = field(default_factory=list)  # read only initializers: folded
+    replaced: dict[str, list[NodeProto]] = field(default_factory=dict)  # node's output[0] -> new
+
+
+# ---------------------------------------------------------------- numerics
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """Codes 0..15 along the last axis -> bytes, two a byte, low nibble first (odd: pad with 0)."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    if codes.shape[-1] % 2:
+        codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], 1), np.uint8)], -1)
+    return (codes[..., 0::2] & 0x0F) | (codes[..., 1::2] << 4)
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Inverse of pack_nibbles: (..., n) bytes -> (..., 2n) codes."""
+    packed = np.asarray(packed, dtype=np.uint8)
+    return np.stack([packed & 0x0F, packed >> 4], -1).reshape(*packed.shape[:-1], -1)
+
+
+def quantize_blocks(matrix: np.ndarray, block: int) -> Blocks:
+    """Asymmetric 4-bit codes of `matrix` (rows, cols), with onnxruntime's MatMulNBits quantizer."""
+    rows, cols = matrix.shape
+    blocks = -(-cols // block)
+    # the kernel reads B as (K, N): our rows are its columns
+    b = np.zeros((blocks * block, rows), np.float32)
+    b[:cols] = matrix.T
+    packed = np.zeros((rows, blocks, block // 2), np.uint8)
+    scales = np.zeros((rows, blocks), np.float32)
+    zeros = np.zeros((rows, (blocks + 1) // 2), np.uint8)
+    quantize_matmul_4bits(packed, b, scales, zeros, block, rows, blocks * block, False)
+    return Blocks(packed, scales, zeros, cols)
+
+
+def block_axis(shape: tuple[int, ...]) -> int:
+    """The axis a decoded-at-load tensor is blocked along: the longest (the last of equals), so
+    a (1, |V|, 2) per-item weight is blocked along the items, not in pairs."""
+    return len(shape) - 1 - int(np.argmax(shape[::-1]))
+
+
+def dequantize_blocks(q: Blocks) -> np.ndarray:
+    """The float matrix the kernels and the load-time decoder see, (rows, cols) float32."""
+    rows, blocks = q.scales.shape
+    codes = unpack_nibbles(q.packed).astype(np.float32)  # (rows, blocks, block)
+    zeros = unpack_nibbles(q.zeros)[:, :blocks, None].astype(np.float32)
+    return ((codes - zeros) * q.scales[:, :, None]).reshape(rows, -1)[:, : q.cols]
+
+
+# ---------------------------------------------------------------- graph pieces
+
+
+def attr(node: NodeProto, name: str, default: Any) -> Any:
+    found = [a for a in node.attribute if a.name == name]
+    return helper.get_attribute_value(found[0]) if found else default
+
+
+def consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[NodeProto, int]]]:
+    """Value name -> (node, input slot) reading it. A use inside a subgraph counts as slot -1."""
+    uses: dict[str, list[tuple[NodeProto, int]]] = {}
+    for node in graph.node:
+        for slot, name in enumerate(node.input):
+            uses.setdefault(name, []).append((node, slot))
+        for a in node.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                for name in subgraph_inputs(sub):
+                    uses.setdefault(name, []).append((node, -1))
+    return uses
+
+
+def subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
+    names = {name for node in graph.node for name in node.input}
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                names |= subgraph_inputs(sub)
+    return names
+
+
+def kernel_axis(
+    node: NodeProto, slot: int, shape: tuple[int, ...], uses: dict, outputs: set[str], block: int
+) -> int | None:
+    """The axis a 4-bit kernel would block this use along, or None if the use needs floats."""
+    if len(shape) != 2:
+        return None
+    if node.op_type == "Gather" and slot == 0 and attr(node, "axis", 0) == 0:
+        return 1 if shape[1] % block == 0 else None
+    if node.op_type == "MatMul" and slot == 1:
+        return 0  # B is (K, N): blocks run along K, down the columns
+    if node.op_type == "Gemm" and slot == 1:
+        plain = attr(node, "alpha", 1.0) == 1.0 and attr(node, "beta", 1.0) == 1.0
+        if not plain or attr(node, "transA", 0):
+            return None
+        return 1 if attr(node, "transB", 0) else 0  # transB: B is (N, K), blocks along its rows
+    if node.op_type == "Transpose" and slot == 0 and list(attr(node, "perm", [1, 0])) == [1, 0]:
+        readers = uses.get(node.output[0], [])
+        only_matmul = all(n.op_type == "MatMul" and s == 1 for n, s in readers)
+        return 1 if readers and only_matmul and node.output[0] not in outputs else None
+    return None
+
+
+def storage(name: str, x: np.ndarray, axis: int, block: int, edit: Edit) -> tuple[Blocks, str]:
+    """Quantize `x` blocked along `axis`, add its initializers; returns the codes and a prefix."""
+    matrix = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
+    q = quantize_blocks(matrix, block)
+    prefix = f"{name}.q4.axis{axis}"
+    rows = matrix.shape[0]
+    edit.initializers += [
+        numpy_helper.from_array(q.packed.reshape(rows, -1), prefix + ".codes"),
+        numpy_helper.from_array(q.scales, prefix + ".scales"),
+        numpy_helper.from_array(q.zeros, prefix + ".zeros"),
+    ]
+    return q, prefix
+
+
+def matmul_nbits(a: str, out: str, q: Blocks, prefix: str, edit: Edit) -> NodeProto:
+    # MatMulNBits wants the codes as (N, blocks, block/2); a Reshape of the shared 2-D codes,
+    # folded at load, keeps one copy on disk for Gather and MatMul alike.
+    if not any(prefix + ".codes3" in n.output for n in edit.decoders):
+        shape = numpy_helper.from_array(np.array(q.packed.shape, np.int64), prefix + ".shape3")
+        edit.initializers.append(shape)
+        edit.decoders.append(
+            helper.make_node("Reshape", [prefix + ".codes", shape.name], [prefix + ".codes3"])
+        )
+    inputs = [a, prefix + ".codes3", prefix + ".scales", prefix + ".zeros"]
+    return helper.make_node(
+        "MatMulNBits", inputs, [out], domain=MS, K=q.cols, N=q.packed.shape[0], bits=4,
+        block_size=q.block, accuracy_level=edit.accuracy_level,
+    )  # fmt: skip
+
+
+def gather_quantized(node: NodeProto, q: Blocks, prefix: str) -> NodeProto:
+    inputs = [prefix + ".codes", node.input[1], prefix + ".scales", prefix + ".zeros"]
+    return helper.make_node(
+        "GatherBlockQuantized", inputs, list(node.output), domain=MS, gather_axis=0,
+        quantize_axis=1, block_size=q.block, bits=4,
+    )  # fmt: skip
+
+
+def unpack_nodes(src: str, dst: str, shape: list[int], edit: Edit) -> list[NodeProto]:
+    """Nodes unpacking uint8 bytes `src` into codes `dst` of `shape`, low nibble first."""
+    lo, hi, axes, shp = dst + ".lo", dst + ".hi", dst + ".axes", dst + ".shp"
+    edit.initializers += [
+        numpy_helper.from_array(np.array([-1], np.int64), axes),
+        numpy_helper.from_array(np.array(shape, np.int64), shp),
+    ]
+    return [
+        helper.make_node("BitwiseAnd", [src, "q4.mask"], [lo]),
+        helper.make_node("BitShift", [src, "q4.shift"], [hi], direction="RIGHT"),
+        helper.make_node("Unsqueeze", [lo, axes], [lo + "1"]),
+        helper.make_node("Unsqueeze", [hi, axes], [hi + "1"]),
+        helper.make_node("Concat", [lo + "1", hi + "1"], [dst + ".pairs"], axis=-1),
+        helper.make_node("Reshape", [dst + ".pairs", shp], [dst]),
+    ]
+
+
+def decoder(
+    name: str, shape: tuple[int, ...], axis: int, q: Blocks, prefix: str, edit: Edit
+) -> None:
+    """Standard-op nodes computing the float tensor `name` from its codes; folded at load."""
+    rows, blocks = q.scales.shape
+    block = q.block
+    moved = [*np.delete(shape, axis), shape[axis]]
+    p = prefix + ".dec"
+    consts = {
+        p + ".scale_axes": np.array([-1], np.int64),
+        p + ".flat": np.array([rows, blocks * block], np.int64),
+        p + ".start": np.array([0], np.int64),
+        p + ".end": np.array([q.cols], np.int64),
+        p + ".end_z": np.array([blocks], np.int64),
+        p + ".last": np.array([-1], np.int64),
+        p + ".moved": np.array(moved, np.int64),
+    }
+    edit.initializers += [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    f = TensorProto.FLOAT
+    nodes = unpack_nodes(prefix + ".codes", p + ".q", [rows, blocks, block], edit)
+    nodes += unpack_nodes(prefix + ".zeros", p + ".z2", [rows, 2 * q.zeros.shape[1]], edit)
+    nodes += [
+        helper.make_node("Slice", [p + ".z2", p + ".start", p + ".end_z", p + ".last"], [p + ".z"]),
+        helper.make_node("Unsqueeze", [p + ".z", p + ".scale_axes"], [p + ".z3"]),
+        helper.make_node("Cast", [p + ".q"], [p + ".qf"], to=f),
+        helper.make_node("Cast", [p + ".z3"], [p + ".zf"], to=f),
+        helper.make_node("Sub", [p + ".qf", p + ".zf"], [p + ".centred"]),
+        helper.make_node("Unsqueeze", [prefix + ".scales", p + ".scale_axes"], [p + ".s3"]),
+        helper.make_node("Mul", [p + ".centred", p + ".s3"], [p + ".blocks"]),
+        helper.make_node("Reshape", [p + ".blocks", p + ".flat"], [p + ".padded"]),
+        helper.make_node("Slice", [p + ".padded", p + ".start", p + ".end", p + ".last"],
+                         [p + ".m"]),
+    ]  # fmt: skip
+    if axis == len(shape) - 1:
+        nodes.append(helper.make_node("Reshape", [p + ".m", p + ".moved"], [name]))
+    else:
+        perm = [*range(axis), len(shape) - 1, *range(axis, len(shape) - 1)]
+        nodes.append(helper.make_node("Reshape", [p + ".m", p + ".moved"], [p + ".t"]))
+        nodes.append(helper.make_node("Transpose", [p + ".t"], [name], perm=perm))
+    edit.decoders += nodes
+
+
+# ---------------------------------------------------------------- the rewrite
+
+
+def keep_reason(
+    init: TensorProto, graph: onnx.GraphProto, min_elements: int, uses: dict
+) -> str | None:
+    """Why a float32 initializer stays float, or None to quantize it."""
+    if init.name in {i.name for i in graph.input}:
+        return "also a graph input (can be overridden at run time)"
+    if init.name in {o.name for o in graph.output}:
+        return "also a graph output"
+    if int(np.prod(init.dims)) < min_elements:
+        return f"fewer than {min_elements} elements"
+    if init.name not in uses:
+        return "unused"
+    if not np.isfinite(numpy_helper.to_array(init)).all():
+        return "holds non-finite values"
+    return None
+
+
+def rewrite(init: TensorProto, uses: dict, outputs: set[str], block: int, edit: Edit) -> list[str]:
+    """Replace every use of float initializer `init` by a 4-bit kernel or a load-time decoder;
+    returns how it is now read."""
+    x = numpy_helper.to_array(init).astype(np.float32)
+    stored: dict[int, tuple[Blocks, str]] = {}
+
+    def codes(axis: int) -> tuple[Blocks, str]:
+        if axis not in stored:
+            stored[axis] = storage(init.name, x, axis, block, edit)
+        return stored[axis]
+
+    how, needs_floats = [], False
+    for node, slot in uses[init.name]:
+        axis = None if slot < 0 else kernel_axis(node, slot, x.shape, uses, outputs, block)
+        if axis is None:
+            needs_floats = True
+        elif node.op_type == "Gather":
+            edit.replaced[node.output[0]] = [gather_quantized(node, *codes(axis))]
+            how.append("Gather->GatherBlockQuantized")
+        elif node.op_type in ("MatMul", "Gemm"):
+            edit.replaced[node.output[0]] = nbits(node, *codes(axis), edit)
+            how.append(f"{node.op_type}->MatMulNBits")
+        else:  # a Transpose read only as MatMul B: those MatMuls read the codes instead
+            edit.replaced[node.output[0]] = []
+            for matmul, _ in uses[node.output[0]]:
+                edit.replaced[matmul.output[0]] = nbits(matmul, *codes(axis), edit)
+                how.append("Transpose+MatMul->MatMulNBits")
+    if needs_floats:
+        axis = next(iter(stored), block_axis(x.shape))
+        decoder(init.name, x.shape, axis, *codes(axis), edit)
+        how.append("decoded at load")
+    return how
+
+
+def nbits(node: NodeProto, q: Blocks, prefix: str, edit: Edit) -> list[NodeProto]:
+    """MatMul, or Gemm with its optional bias added after, as MatMulNBits reading `prefix` codes."""
+    if len(node.input) < 3 or not node.input[2]:
+        return [matmul_nbits(node.input[0], node.output[0], q, prefix, edit)]
+    product = node.output[0] + ".q4"
+    return [
+        matmul_nbits(node.input[0], product, q, prefix, edit),
+        helper.make_node("Add", [product, node.input[2]], list(node.output)),
+    ]
+
+
+def quantize_int4(
+    src: Path, dst: Path, block_size: int = 32, min_elements: int = 1024, accuracy_level: int = 4
+) -> dict[str, Any]:
+    """Write the 4-bit-weight version of fp32 ONNX model `src` to `dst`; returns a report.
+
+    `accuracy_level` is MatMulNBits' compute type: 4 (the default) multiplies with int8
+    activations quantized per block of each row (so a row never depends on the rest of the
+    batch); measured here it is as fast as fp32 at batch 1 and agrees with fp32 as closely as
+    level 0, which dequantizes the weights to fp32 in the kernel and was ~1.5x slower on a
+    12k x 64 output layer. Without int8 dot products onnxruntime falls back to fp32 compute.
+
+    Report: file sizes, the count of each rewrite ("Gather->GatherBlockQuantized",
+    "Transpose+MatMul->MatMulNBits", ..., "decoded at load"), each quantized initializer with
+    its shape and how it is read now, and each float32 initializer left float with the reason.
+    """
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    if accuracy_level not in range(5):
+        raise ValueError(f"accuracy_level must be 0..4, got {accuracy_level}")
+    model = onnx.load(str(src))
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset < 18:
+        raise ValueError(f"the decoders need opset >= 18 (BitwiseAnd), the model has {opset}")
+    graph = model.graph
+    uses = consumers(graph)
+    outputs = {o.name for o in graph.output}
+    edit = Edit(accuracy_level)
+    kept_float: dict[str, str] = {}
+    quantized: dict[str, dict[str, Any]] = {}
+    for init in graph.initializer:
+        if init.data_type in OTHER_FLOATS:
+            kept_float[init.name] = "not float32"
+        if init.data_type != TensorProto.FLOAT:
+            continue  # integer tables, shapes and indices stay as they are
+        reason = keep_reason(init, graph, min_elements, uses)
+        if reason:
+            kept_float[init.name] = reason
+            continue
+        how = rewrite(init, uses, outputs, block_size, edit)
+        quantized[init.name] = {"shape": list(init.dims), "read_as": how}
+    apply(model, edit, set(quantized))
+    onnx.save(model, str(dst))
+    counts = Counter(h for q in quantized.values() for h in q["read_as"])
+    return {
+        "bytes_before": Path(src).stat().st_size,
+        "bytes_after": Path(dst).stat().st_size,
+        "block_size": block_size,
+        "accuracy_level": accuracy_level,
+        "rewritten": dict(sorted(counts.items())),
+        "quantized": quantized,
+        "kept_float": kept_float,
+    }
+
+
+def apply(model: onnx.ModelProto, edit: Edit, dropped: set[str]) -> None:
+    """Swap in the new nodes and initializers; decoders first so the graph stays sorted."""
+    graph = model.graph
+    if not dropped:
+        return
+    nodes = [new for node in graph.node for new in edit.replaced.get(node.output[0], [node])]
+    kept = [i for i in graph.initializer if i.name not in dropped]
+    if any(n.op_type == "BitShift" for n in edit.decoders):  # the unpacking constants
+        kept += [
+            numpy_helper.from_array(np.array(0x0F, np.uint8), "q4.mask"),
+            numpy_helper.from_array(np.array(4, np.uint8), "q4.shift"),
+        ]
+    del graph.node[:]
+    graph.node.extend(edit.decoders + nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + edit.initializers)
+    contrib = any(n.domain == MS for n in graph.node)
+    if contrib and not any(o.domain == MS for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS, 1))

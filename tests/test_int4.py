@@ -1,0 +1,213 @@
+"""4-bit weights: exact packing and decoding, and real SASRec / LSAN exports run close to fp32."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from lsan.artifact import feeds, session
+from lsan.export.graph import example_inputs, export_fp32
+from lsan.export.int4 import (
+    block_axis,
+    dequantize_blocks,
+    pack_nibbles,
+    quantize_blocks,
+    quantize_int4,
+    unpack_nibbles,
+)
+from lsan.models import DataInfo, build_model
+
+INFO = DataInfo(num_items=3000, num_categories=5, num_slots=6, max_len=12)
+CONFIGS = {"sasrec": {"dim": 32, "layers": 1}, "lsan": {"dim": 32, "m1": 0}}  # one block: fast
+REWRITES = {  # SASRec's tied output layer is h @ E.T; LSAN scores with Gemm and per-item weights
+    "sasrec": {"MatMul->MatMulNBits", "Transpose+MatMul->MatMulNBits"},
+    "lsan": {"MatMul->MatMulNBits", "Gemm->MatMulNBits", "decoded at load"},
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """fp32 exports of randomly initialised SASRec and LSAN over a 3000-item catalogue."""
+    root = tmp_path_factory.mktemp("int4")
+    paths = {}
+    for name, cfg in CONFIGS.items():
+        torch.manual_seed(0)
+        model = build_model(name, cfg, INFO).eval()
+        paths[name] = root / f"{name}.onnx"
+        export_fp32(model, INFO, paths[name], k=10)
+    return paths
+
+
+def weight_bytes(path) -> int:
+    return sum(len(i.raw_data) for i in onnx.load(str(path)).graph.initializer)
+
+
+def reference(w: np.ndarray, block: int) -> np.ndarray:
+    """numpy dequantization of a decoded-at-load tensor, blocked along block_axis."""
+    moved = np.moveaxis(w, block_axis(w.shape), -1)
+    q = quantize_blocks(moved.reshape(-1, moved.shape[-1]), block)
+    return np.moveaxis(dequantize_blocks(q).reshape(moved.shape), -1, block_axis(w.shape))
+
+
+def test_pack_unpack_round_trip():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 32, 33):
+        codes = rng.integers(0, 16, size=(3, n), dtype=np.uint8)
+        codes[0, 0], codes[-1, -1] = 0, 15  # the extremes
+        packed = pack_nibbles(codes)
+        assert packed.shape == (3, (n + 1) // 2) and packed.dtype == np.uint8
+        assert np.array_equal(unpack_nibbles(packed)[:, :n], codes)
+    assert pack_nibbles(np.array([15, 0, 0, 15])).tolist() == [0x0F, 0xF0]  # low nibble first
+
+
+def test_quantize_blocks_error_is_within_half_a_step():
+    rng = np.random.default_rng(1)
+    m = rng.normal(size=(5, 70)).astype(np.float32) * np.array([[0.01], [1], [100], [1], [1]])
+    m[3] = np.abs(m[3])  # an all-positive row: zero stays representable, range is [0, max]
+    q = quantize_blocks(m, 32)
+    assert q.packed.shape == (5, 3, 16) and q.scales.shape == (5, 3) and q.zeros.shape == (5, 2)
+    step = np.repeat(q.scales, 32, axis=1)[:, :70]
+    assert np.all(np.abs(dequantize_blocks(q) - m) <= step / 2 + 1e-6 * np.abs(m))
+
+
+def tiny_model(tmp_path, weights: dict[str, np.ndarray]):
+    """x + W for each other float weight (x = 0 reads W back), Gather rows of a table, h @ table.T
+    (the tied output layer as the dynamo exporter writes it) and a Gemm with a bias."""
+    inits = [numpy_helper.from_array(w, name) for name, w in weights.items()]
+    inputs = [
+        helper.make_tensor_value_info("idx", TensorProto.INT64, ["n"]),
+        helper.make_tensor_value_info("h", TensorProto.FLOAT, ["b", 32]),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["table", "idx"], ["rows"]),
+        helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "table_t"], ["logits"]),
+        helper.make_node("Gemm", ["h", "proj", "proj_bias"], ["projected"], transB=1),
+    ]
+    outputs = ["rows", "logits", "projected"]
+    for name, w in weights.items():
+        if name not in ("table", "proj", "proj_bias"):
+            inputs.append(helper.make_tensor_value_info("x_" + name, TensorProto.FLOAT, w.shape))
+            nodes.append(helper.make_node("Add", ["x_" + name, name], ["y_" + name]))
+            outputs.append("y_" + name)
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+    graph = helper.make_graph(nodes, "tiny", inputs, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    path = tmp_path / "tiny.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_decoders_are_exact_and_folded_at_load(tmp_path):
+    rng = np.random.default_rng(2)
+    weights = {
+        "table": rng.normal(size=(300, 32)).astype(np.float32),  # Gather + tied output layer
+        "bias": rng.normal(size=1101).astype(np.float32) + 3,  # odd length and block count, > 0
+        "per_item": rng.normal(size=(1, 700, 2)).astype(np.float32),  # blocked along the items
+        "extremes": np.tile(np.array([-8.0, 7.0], np.float32), 600),  # a step of exactly 1
+        "small": rng.normal(size=(4, 8)).astype(np.float32),  # under min_elements
+        "proj": rng.normal(size=(40, 32)).astype(np.float32),  # Gemm B, transposed
+        "proj_bias": rng.normal(size=40).astype(np.float32),
+    }
+    src, dst = tiny_model(tmp_path, weights), tmp_path / "tiny-int4.onnx"
+    report = quantize_int4(src, dst, accuracy_level=0)  # fp32 compute: the exact codes' product
+    assert report["rewritten"] == {
+        "Gather->GatherBlockQuantized": 1, "Transpose+MatMul->MatMulNBits": 1,
+        "Gemm->MatMulNBits": 1, "decoded at load": 3,
+    }  # fmt: skip
+    assert report["kept_float"] == {n: "fewer than 1024 elements" for n in ("small", "proj_bias")}
+    codes = [i.name for i in onnx.load(str(dst)).graph.initializer if i.name.endswith(".codes")]
+    assert sorted(codes) == [  # the table once, read by both GatherBlockQuantized and MatMulNBits
+        "bias.q4.axis0.codes", "extremes.q4.axis0.codes", "per_item.q4.axis1.codes",
+        "proj.q4.axis1.codes", "table.q4.axis1.codes",
+    ]  # fmt: skip
+
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(dst), opts, providers=["CPUExecutionProvider"])
+    ops = {n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node}
+    assert not ops & {"BitShift", "BitwiseAnd", "Cast", "Sub"}  # decoded once, at load
+
+    idx, h = np.array([0, 299, 5, 5]), rng.normal(size=(3, 32)).astype(np.float32)
+    x = {i.name: np.zeros(weights[i.name[2:]].shape, np.float32) for i in sess.get_inputs()[2:]}
+    names = [o.name for o in sess.get_outputs()]
+    out = dict(zip(names, sess.run(None, {"idx": idx, "h": h, **x}), strict=True))
+    table = dequantize_blocks(quantize_blocks(weights["table"], 32))
+    assert np.array_equal(out["rows"], table[idx])
+    np.testing.assert_allclose(out["logits"], h @ table.T, rtol=1e-5, atol=1e-5)
+    proj = dequantize_blocks(quantize_blocks(weights["proj"], 32))
+    np.testing.assert_allclose(out["projected"], h @ proj.T + weights["proj_bias"], atol=1e-5)
+    for name in ("bias", "per_item", "extremes"):
+        assert np.array_equal(out["y_" + name], reference(weights[name], 32)), name
+    assert np.array_equal(out["y_extremes"], weights["extremes"])  # on the grid: lossless
+    assert np.array_equal(out["y_small"], weights["small"])
+
+
+@pytest.mark.parametrize("name", ["sasrec", "lsan"])
+def test_int4_runs_close_to_fp32_and_is_much_smaller(name, exported, tmp_path):
+    dst = tmp_path / "int4.onnx"
+    report = quantize_int4(exported[name], dst)
+    assert report["bytes_after"] == dst.stat().st_size
+    if name == "sasrec":  # the item table dominates the file
+        assert report["bytes_after"] < 0.35 * report["bytes_before"]
+    else:  # LSAN's item tables are small: graph structure is a large part of the file
+        assert report["bytes_after"] < 0.6 * report["bytes_before"]
+        assert weight_bytes(dst) < 0.3 * weight_bytes(exported[name])
+    assert report["rewritten"]["Gather->GatherBlockQuantized"] >= 1  # the item table(s)
+    assert set(report["rewritten"]) >= REWRITES[name]
+    ops = {n.op_type for n in onnx.load(str(dst)).graph.node}
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= ops
+
+    x = feeds(*example_inputs(INFO, batch=8, length=INFO.max_len, seed=1))
+    ref_top, _, ref = session(exported[name]).run(None, x)
+    top, _, scores = session(dst).run(None, x)
+    real = ref > -1e8  # excluded and padding columns hold the same large negative in both
+    assert np.array_equal(scores > -1e8, real)
+    assert np.abs(scores[real] - ref[real]).max() < 0.8 * ref[real].std()
+    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top, ref_top, strict=True)])
+    assert overlap >= 0.7
+
+
+def test_int8_activations_keep_rows_independent_and_match_fp32_compute(exported, tmp_path):
+    level4, level0 = tmp_path / "level4.onnx", tmp_path / "level0.onnx"
+    quantize_int4(exported["sasrec"], level4)
+    quantize_int4(exported["sasrec"], level0, accuracy_level=0)
+    x = feeds(*example_inputs(INFO, batch=6, length=INFO.max_len, seed=3))
+    sess = session(level4)
+    batch = sess.run(["scores"], x)[0]
+    alone = [sess.run(["scores"], {k: v[i : i + 1] for k, v in x.items()})[0] for i in range(6)]
+    np.testing.assert_allclose(batch, np.concatenate(alone), atol=1e-5)
+    np.testing.assert_allclose(batch, session(level0).run(["scores"], x)[0], atol=0.02)
+
+
+def test_nothing_to_quantize_passes_through(exported, tmp_path):
+    dst = tmp_path / "same.onnx"
+    report = quantize_int4(exported["sasrec"], dst, min_elements=10**9)
+    assert report["rewritten"] == {} and report["quantized"] == {}
+    floats = [i for i in onnx.load(str(dst)).graph.initializer if i.data_type == TensorProto.FLOAT]
+    assert report["kept_float"] == {i.name: "fewer than 1000000000 elements" for i in floats}
+    x = feeds(*example_inputs(INFO, batch=3, length=7, seed=2))
+    before, after = session(exported["sasrec"]).run(None, x), session(dst).run(None, x)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_integer_initializers_stay(exported, tmp_path):
+    dst = tmp_path / "int4.onnx"
+    quantize_int4(exported["lsan"], dst)
+    ints = {i.name: i for i in onnx.load(str(exported["lsan"])).graph.initializer
+            if i.data_type == TensorProto.INT64}  # fmt: skip
+    after = {i.name: i for i in onnx.load(str(dst)).graph.initializer}
+    assert ints and all(after[n] == t for n, t in ints.items())
+
+
+def test_settings_are_checked(exported, tmp_path):
+    with pytest.raises(ValueError, match="power of two"):
+        quantize_int4(exported["sasrec"], tmp_path / "x.onnx", block_size=24)
+    with pytest.raises(ValueError, match="accuracy_level"):
+        quantize_int4(exported["sasrec"], tmp_path / "x.onnx", accuracy_level=7)
