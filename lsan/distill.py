@@ -58,7 +58,9 @@ def load_teacher(
             f"teacher {path} has {t_info.num_items} items, the student's data {info.num_items}"
         )
     if t_info.max_len < info.max_len:
-        raise TeacherError(f"teacher {path} reads {t_info.max_len} positions, fewer than {info.max_len}")
+        raise TeacherError(
+            f"teacher {path} reads {t_info.max_len} positions, fewer than {info.max_len}"
+        )
     if is_autoencoding(teacher) or uses_users(teacher):
         raise TeacherError(
             f"teacher {path} ({run.model_name}) must be a causal sequence model without user ids: "
@@ -69,7 +71,7 @@ def load_teacher(
     return teacher.eval(), digest, run.model_name
 
 
-def student_scores(model: nn.Module):
+def student_scores(model: Any):
     """The student's full-catalogue scores (P, D) -> (P, |V|+1) on its fast training layout."""
     table = getattr(model, "item_emb", None)
     mode = getattr(getattr(model, "cfg", None), "train_scores", "matrix")
@@ -80,7 +82,7 @@ def student_scores(model: nn.Module):
 
 
 def distill_loss(
-    model: nn.Module, teacher: nn.Module, b: SeqTensors, weight: float, temperature: float
+    model: nn.Module, teacher: Any, b: SeqTensors, weight: float, temperature: float
 ) -> Tensor:
     """(1 - w) CE + w T^2 KL(teacher || student) at the batch's non-padding positions."""
     if is_autoencoding(model):
@@ -122,7 +124,9 @@ def prepare_codes(
     table = getattr(model, "item_emb", None)
     if not isinstance(table, CodeTable):
         return {}
-    cfg = model.cfg  # type: ignore[union-attr]
-    vectors = teacher_vectors(teacher) if teacher is not None and cfg.codes_from == "teacher" else None
+    cfg: Any = model.cfg
+    vectors = (
+        teacher_vectors(teacher) if teacher is not None and cfg.codes_from == "teacher" else None
+    )
     summary = assign(table, cfg.codes_from, cfg.own_rows, counts, vectors, seed)
     return {"source": cfg.codes_from, "books": table.sizes, **summary}

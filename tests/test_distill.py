@@ -85,7 +85,9 @@ def test_teacher_codes_put_similar_items_together():
     centres = rng.normal(size=(4, 16)) * 5
     group = np.arange(INFO.num_items + 1) % 4
     vectors = torch.as_tensor(centres[group] + rng.normal(size=(INFO.num_items + 1, 16)) * 0.1)
-    table = build_item_table(TableConfig(item_table="codes", code_size=4, tables=1), INFO.num_items, 16)
+    table = build_item_table(
+        TableConfig(item_table="codes", code_size=4, tables=1), INFO.num_items, 16
+    )
     summary = assign(table, "teacher", 0, np.ones(INFO.num_items + 1), vectors, seed=0)
     first = table.codes.long()[1:, 0].numpy()
     for g in range(4):  # every group is one cluster, and clusters are distinct
@@ -105,7 +107,9 @@ def test_residual_levels_reduce_the_error():
 @pytest.mark.parametrize("name", ["sasrec", "lsan"])
 @pytest.mark.parametrize("table", ["full", "qr", "codes"])
 def test_sasrec_and_lsan_take_every_item_table(name, table):
-    model = build_model(name, model_config(name, {"dim": 16, "item_table": table, "code_size": 8}), INFO)
+    model = build_model(
+        name, model_config(name, {"dim": 16, "item_table": table, "code_size": 8}), INFO
+    )
     items = torch.randint(1, INFO.num_items + 1, (3, 6))
     targets = torch.randint(1, INFO.num_items + 1, (3, 6))
     loss = model.loss(items, items % 5 + 2, items % 7 + 2, targets)
@@ -134,8 +138,15 @@ def run_cfg(model_values, epochs, **train_kw):
         data=DataConfig(dataset="synthetic", max_len=12),
         model_name="sasrec",
         model=model_config("sasrec", model_values),
-        train=TrainConfig(epochs=epochs, batch_size=64, patience=100, device="cpu", lr=3e-3,
-                          eval_every=epochs, **train_kw),  # fmt: skip
+        train=TrainConfig(
+            epochs=epochs,
+            batch_size=64,
+            patience=100,
+            device="cpu",
+            lr=3e-3,
+            eval_every=epochs,
+            **train_kw,
+        ),  # fmt: skip
     )
 
 

@@ -16,9 +16,10 @@ resumed run compute the same codes; the codes are saved in the checkpoint either
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
-from torch import nn
 
 from lsan.models.item_tables import CodeTable, mixed_radix
 
@@ -98,7 +99,7 @@ def assign(
                 own.zero_()
                 own[rank[top] + 1] = torch.as_tensor(residual[top.numpy() - 1], dtype=own.dtype)
         summary["kmeans_relative_error"] = float(
-            np.linalg.norm(residual) / max(np.linalg.norm(x), 1e-12)
+            float(np.linalg.norm(residual)) / max(float(np.linalg.norm(x)), 1e-12)
         )
     else:
         raise ValueError(f"unknown codes source {source!r}")
@@ -110,7 +111,7 @@ def assign(
     return summary
 
 
-def teacher_vectors(teacher: nn.Module) -> torch.Tensor:
+def teacher_vectors(teacher: Any) -> torch.Tensor:
     """A teacher's output item vectors (|V|+1, D): its item table's explicit matrix."""
     table = getattr(teacher, "item_emb", None)
     if table is None or not hasattr(table, "matrix"):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -244,6 +245,8 @@ class CodeTable(_Composed):
     they travel in the state dict, so a checkpoint and its artifact carry their assignment.
     """
 
+    codes: torch.Tensor
+
     def __init__(self, num_items: int, dim: int, sizes: list[int], item_weights: bool = False):
         super().__init__(num_items, dim, sizes, item_weights)
         ids = torch.arange(self.num_ids)
@@ -287,7 +290,9 @@ class CodeTable(_Composed):
         flat = h.reshape(-1, d)
         codes = self.codes_t()
         if len(set(self.sizes)) == 1:
-            s = F.linear(flat, torch.cat(list(self.tables))).view(-1, len(self.sizes), self.sizes[0])
+            s = F.linear(flat, torch.cat(list(self.tables))).view(
+                -1, len(self.sizes), self.sizes[0]
+            )
             parts = s.gather(2, codes.unsqueeze(0).expand(s.shape[0], -1, -1))  # (P, N, |V|+1)
         else:
             parts = torch.stack(
@@ -300,7 +305,7 @@ class CodeTable(_Composed):
         return total.reshape(*lead, self.num_ids)
 
 
-def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> nn.Module:
+def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> Any:
     """The item table `cfg.item_table` (see ITEM_TABLES) for ids 0..num_items.
 
     qr: `tables` base tables sized by m1 (0 = balanced). codes: `tables` codebooks of
@@ -308,9 +313,13 @@ def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> nn.Module:
     most popular items get a row of their own and every other item row 0 (a hybrid table).
     """
     if cfg.codes_from not in CODE_SOURCES:
-        raise ValueError(f"unknown model.codes_from {cfg.codes_from!r} (known: {', '.join(CODE_SOURCES)})")
+        raise ValueError(
+            f"unknown model.codes_from {cfg.codes_from!r} (known: {', '.join(CODE_SOURCES)})"
+        )
     if cfg.train_scores not in TRAIN_SCORES:
-        raise ValueError(f"model.train_scores must be factorised or matrix, got {cfg.train_scores!r}")
+        raise ValueError(
+            f"model.train_scores must be factorised or matrix, got {cfg.train_scores!r}"
+        )
     if cfg.item_table == "full":
         return FullTable(num_items, dim)
     if cfg.item_table == "qr":
@@ -320,10 +329,12 @@ def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> nn.Module:
             raise ValueError(f"model.code_size must be at least 2, got {cfg.code_size}")
         own = [cfg.own_rows + 1] if cfg.own_rows > 0 else []
         return CodeTable(num_items, dim, [cfg.code_size] * cfg.tables + own, cfg.item_weights)
-    raise ValueError(f"unknown model.item_table {cfg.item_table!r} (known: {', '.join(ITEM_TABLES)})")
+    raise ValueError(
+        f"unknown model.item_table {cfg.item_table!r} (known: {', '.join(ITEM_TABLES)})"
+    )
 
 
-def training_scores(table: nn.Module, mode: str):
+def training_scores(table: Any, mode: str):
     """The score function a training loss uses: same numbers as `table.scores`, faster layouts.
 
     matrix: one explicit |V| x D matrix per step and one matmul (about 2x faster on a CPU at

@@ -7,8 +7,9 @@ states (B, T, D); this supplies the rest of the shared model API.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import nn
 
 from lsan.models.item_tables import training_scores
 from lsan.models.layers import NEG, next_item_loss
@@ -16,15 +17,15 @@ from lsan.models.objectives import inference_inputs
 
 
 class TiedScores:
-    item_emb: nn.Module
+    item_emb: Any  # an item table of lsan.models.item_tables
 
     def item_scores(self, h: torch.Tensor) -> torch.Tensor:
         """Scores of every item for hidden states h (..., D) -> (..., |V|+1)."""
-        return self.item_emb.scores(h)  # type: ignore[operator]
+        return self.item_emb.scores(h)
 
     def score_items(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Scores of given items: h (N, D), ids (N, K) -> (N, K) (the sampled losses)."""
-        return self.item_emb.score_ids(h, ids)  # type: ignore[operator]
+        return self.item_emb.score_ids(h, ids)
 
     def loss(self, items, cats, slots, targets) -> torch.Tensor:
         mode = getattr(getattr(self, "cfg", None), "train_scores", "matrix")
