@@ -163,14 +163,25 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization's advice on stderr
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
+    received: list[int] = []  # a library may swallow the raise; every stage checks again
+
+    def raise_for(signum: int) -> None:
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
     def terminate(signum, frame):
-        raise Terminated
+        received.append(signum)
+        raise_for(signum)
+
+    def check(stage: str) -> None:
+        if received:
+            raise_for(received[0])
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
+    previous_int = signal.signal(signal.SIGINT, terminate) if main_thread else None
     try:
         export(args.checkpoint, args.out, args.quant, args.k, args.max_drop, args.force,
-               args.data_dir, args.cache_dir, evaluate_data=not args.no_eval)  # fmt: skip
+               args.data_dir, args.cache_dir, evaluate_data=not args.no_eval, hook=check)  # fmt: skip
     except (ExportError, CheckpointError, DataError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -183,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
     return 0
 
 
