@@ -174,7 +174,7 @@ def test_int4_runs_close_to_fp32_and_is_much_smaller(name, exported, tmp_path):
     assert overlap >= 0.7
 
 
-def test_int8_activations_keep_rows_independent_and_match_fp32_compute(exported, tmp_path):
+def test_int8_activations_stay_close_per_row_and_match_fp32_compute(exported, tmp_path):
     level4, level0 = tmp_path / "level4.onnx", tmp_path / "level0.onnx"
     quantize_int4(exported["sasrec"], level4)
     quantize_int4(exported["sasrec"], level0, accuracy_level=0)
@@ -182,7 +182,10 @@ def test_int8_activations_keep_rows_independent_and_match_fp32_compute(exported,
     sess = session(level4)
     batch = sess.run(["scores"], x)[0]
     alone = [sess.run(["scores"], {k: v[i : i + 1] for k, v in x.items()})[0] for i in range(6)]
-    np.testing.assert_allclose(batch, np.concatenate(alone), atol=1e-5)
+    # int8 activations are quantized per block, so a row's scores move slightly with its batch
+    # (measured 1.5e-3 on this graph): export records batch invariance per format and the
+    # server answers such a format row by row (tests/test_faults.py holds that to 1e-6)
+    np.testing.assert_allclose(batch, np.concatenate(alone), atol=5e-3)
     np.testing.assert_allclose(batch, session(level0).run(["scores"], x)[0], atol=0.02)
 
 
