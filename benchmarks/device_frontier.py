@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from lsan.artifact import feeds, read
-from lsan.info import DataInfo
+from lsan.artifact import read
+from lsan.benchmarks.env import git_commit
+from lsan.benchmarks.latency import request_feeds
 
 RESULT_KEYS = ("name", "model", "item_table", "teacher", "format", "artifact_bytes",
                "model_onnx_bytes", "test_ndcg10", "test_hr10", "p50_ms", "epochs", "command",
@@ -35,13 +35,7 @@ RESULT_KEYS = ("name", "model", "item_table", "teacher", "format", "artifact_byt
 
 
 def commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return git_commit()["commit"] or "unknown"
 
 
 def export_row(
@@ -65,12 +59,7 @@ def warm_p50(folders: dict[str, Path], rounds: int = 20, calls: int = 20) -> dic
     times: dict[str, list[float]] = {key: [] for key in arts}
     x = {}
     for key, a in arts.items():
-        info: DataInfo = a.meta.info
-        rng = np.random.default_rng(0)
-        items = rng.integers(1, info.num_items + 1, size=(1, info.max_len))
-        cats = a.tables.item_category[items]
-        slots = np.full_like(items, 2)
-        x[key] = feeds(items, cats, slots, items)
+        x[key] = request_feeds(a.meta.info, batch=1, length=a.meta.info.max_len)
         for _ in range(5):
             a.session.run(["top_items"], x[key])
     for _ in range(rounds):

@@ -29,7 +29,7 @@ from lsan.digest import file_digest
 from lsan.models import DataInfo
 from lsan.models.codes import assign, teacher_vectors
 from lsan.models.item_tables import CodeTable, FullTable, training_scores
-from lsan.models.layers import NEG, PAD
+from lsan.models.layers import PAD, mask_padding
 from lsan.models.objectives import is_autoencoding, uses_users
 
 
@@ -90,13 +90,13 @@ def distill_loss(
     assert b.targets is not None
     keep = b.targets != PAD
     s = student_scores(model)(model(b.items, b.cats, b.slots)[keep])
-    s = torch.cat([torch.full_like(s[:, :1], NEG), s[:, 1:]], dim=1)  # padding is never a target
+    s = mask_padding(s)  # padding is never a target
     ce = F.cross_entropy(s, b.targets[keep])
     if weight == 0.0:
         return ce
     with torch.no_grad():
         t = teacher.item_scores(teacher(b.items, b.cats, b.slots)[keep]).float()
-        t = torch.cat([torch.full_like(t[:, :1], NEG), t[:, 1:]], dim=1)
+        t = mask_padding(t)
         log_t = F.log_softmax(t / temperature, dim=-1)
     log_s = F.log_softmax(s.float() / temperature, dim=-1)
     kd = F.kl_div(log_s, log_t, log_target=True, reduction="batchmean") * temperature**2

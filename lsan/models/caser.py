@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lsan.models.info import DataInfo
-from lsan.models.layers import NEG, PAD, init_weights, next_item_loss
+from lsan.models.layers import PAD, init_weights, mask_padding, next_item_loss
 from lsan.models.objectives import require_users
 
 
@@ -95,4 +95,4 @@ class Caser(nn.Module):
         # the last position's window is all it reads, so only the last L items are convolved
         w = self.cfg.window
         scores = self.item_scores(self(items[:, -w:], users=users)[:, -1])
-        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
+        return mask_padding(scores)

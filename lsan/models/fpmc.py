@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from lsan.models.info import DataInfo
-from lsan.models.layers import NEG, PAD, init_weights, next_item_loss
+from lsan.models.layers import PAD, init_weights, mask_padding, next_item_loss
 from lsan.models.objectives import require_users
 
 
@@ -64,4 +64,4 @@ class FPMC(nn.Module):
         """Next-item scores after the last position: (B, |V|+1), padding column = NEG."""
         # only the last item matters for the next one (first-order chain)
         scores = self.item_scores(self(items[:, -1:], users=users)[:, -1])
-        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
+        return mask_padding(scores)

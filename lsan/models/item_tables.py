@@ -12,7 +12,6 @@ The interface (every table):
 - `scores(h)`: (..., D) -> (..., |V|+1), the score of every id, index 0 included;
 - `score_ids(h, ids)`: h (P, D), ids (P, K) -> (P, K), the scores of given ids (sampled losses);
 - `matrix()`: the explicit (|V|+1, D) output matrix (distillation, code assignment, tests);
-- `parameters_per_item()`, via `table_parameters(table)`: what the table costs.
 
 Tables:
 - `full`: one |V|+1 x D matrix (an `nn.Embedding`, so checkpoints of the plain models still load).
@@ -350,8 +349,3 @@ def training_scores(table: Any, mode: str):
     if isinstance(table, QRTable):
         return table.grid_scores
     return table.scores
-
-
-def table_parameters(table: nn.Module) -> int:
-    """Stored numbers of a table: its parameters plus its code buffer (one integer per entry)."""
-    return sum(p.numel() for p in table.parameters()) + sum(b.numel() for b in table.buffers())

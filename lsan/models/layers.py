@@ -23,6 +23,11 @@ NEG = -1e9  # finite "minus infinity" for additive masks
 ATTENTION_MODES = ("causal", "bidirectional", "local")
 
 
+def mask_padding(scores: torch.Tensor) -> torch.Tensor:
+    """Scores (B, |V|+1) with the padding column 0 set to NEG: id 0 is never an answer."""
+    return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
+
+
 def attention_mask(items: torch.Tensor, mode: str = "causal", window: int = 0) -> torch.Tensor:
     """Additive mask (B, 1, T, T) from item ids (B, T): 0 where a query may look, NEG elsewhere.
 

@@ -40,13 +40,13 @@ from torch import nn
 from lsan.models.info import DataInfo
 from lsan.models.item_tables import TableConfig, build_item_table, training_scores
 from lsan.models.layers import (
-    NEG,
     PAD,
     CausalDepthwiseConv,
     FeedForward,
     apply_blocks,
     attention_mask,
     init_weights,
+    mask_padding,
     next_item_loss,
 )
 from lsan.models.objectives import inference_inputs, is_autoencoding, mask_token, with_mask_token
@@ -219,4 +219,4 @@ class LSAN(nn.Module):
     def score_all(self, items, cats, slots) -> torch.Tensor:
         h = self(*inference_inputs(self, items, cats, slots), last_only=True)[:, -1]
         scores = self.item_scores(h)  # (B, |V|+1)
-        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
+        return mask_padding(scores)

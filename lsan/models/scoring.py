@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lsan.models.item_tables import training_scores
-from lsan.models.layers import NEG, next_item_loss
+from lsan.models.layers import mask_padding, next_item_loss
 from lsan.models.objectives import inference_inputs
 
 
@@ -38,4 +38,4 @@ class TiedScores:
             cats = slots = torch.zeros_like(items)
         h = self(*inference_inputs(self, items, cats, slots), last_only=True)[:, -1]  # type: ignore[operator]
         scores = self.item_scores(h)
-        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
+        return mask_padding(scores)

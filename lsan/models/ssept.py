@@ -25,12 +25,12 @@ from torch import nn
 
 from lsan.models.info import DataInfo
 from lsan.models.layers import (
-    NEG,
     PAD,
     TransformerBlock,
     apply_blocks,
     attention_mask,
     init_weights,
+    mask_padding,
     next_item_loss,
 )
 from lsan.models.objectives import (
@@ -126,4 +126,4 @@ class SSEPT(nn.Module):
             cats = slots = torch.zeros_like(items)
         items, cats, slots = inference_inputs(self, items, cats, slots)
         scores = self.item_scores(self(items, cats, slots, users)[:, -1])
-        return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
+        return mask_padding(scores)
