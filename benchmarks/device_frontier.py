@@ -90,9 +90,9 @@ def item_table(cfg: dict[str, Any]) -> str:
     kind = cfg.get("item_table", "full")
     if kind == "qr":
         return f"qr N={cfg['tables']} " + ("balanced" if cfg["m1"] == 0 else f"m1={cfg['m1']}")
-    if kind == "codes":
+    if kind in ("codes", "pq"):
         own = f" +{cfg['own_rows']} own" if cfg.get("own_rows") else ""
-        return f"codes {cfg['tables']}x{cfg['code_size']} ({cfg['codes_from']}){own}"
+        return f"{kind} {cfg['tables']}x{cfg['code_size']} ({cfg['codes_from']}){own}"
     return f"full D={cfg.get('dim')}"
 
 

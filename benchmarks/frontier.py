@@ -20,8 +20,8 @@ def layout(a: Artifact) -> str:
     if a.ckpt.name.startswith("lsan"):
         if c.item_table == "full":
             return f"full D={c.dim}"
-        if c.item_table == "codes":
-            return f"codes {c.tables}x{c.code_size} D={c.dim}"
+        if c.item_table in ("codes", "pq"):
+            return f"{c.item_table} {c.tables}x{c.code_size} D={c.dim}"
         return f"N={c.tables} {'balanced' if c.m1 == 0 else f'm1={c.m1}'} D={c.dim}"
     return "-"
 

@@ -79,35 +79,119 @@ def export_fp32(model: nn.Module, info: DataInfo, path: Path, k: int) -> None:
     onnx.save(m, str(path))
 
 
+SMALL_INTS = (np.uint8, np.int8, np.uint16, np.int16, np.int32)
+INT_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16)
+
+
+def smallest_int(x: np.ndarray):
+    """The narrowest integer type holding every value of x, or None."""
+    lo, hi = (int(x.min()), int(x.max())) if x.size else (0, 0)
+    return next((t for t in SMALL_INTS if lo >= np.iinfo(t).min and hi <= np.iinfo(t).max), None)
+
+
 def compact_integers(m: onnx.ModelProto, min_elements: int = 256) -> None:
-    """Store large int64 constants in the smallest type that holds them, cast back at load.
+    """Store large int64 constants in the fewest bytes that hold them, rebuilt at load.
 
     The exporter folds index tables (a `codes` item table's rows, stored as uint8 in the model)
-    into int64 initializers: 8 bytes per entry, most of a small artifact's bytes. A Cast of an
-    initializer is folded by onnxruntime when the session loads, so only the file shrinks.
+    into int64 initializers: 8 bytes per entry, most of a small artifact's bytes. Each is stored
+    in the smallest integer type and cast back; a 2-D table is stored row by row when that is
+    smaller (a hybrid own-rows book needs int16 codes, the other books uint8), and a row that is
+    mostly zero (the own-rows book: popular items only) as its nonzero positions and values,
+    scattered into zeros. Every rebuilding node reads constants only, so onnxruntime folds it
+    when the session loads: only the file shrinks.
     """
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
-    kept, casts = [], []
+    kept, built = [], []
     for init in m.graph.initializer:
-        if init.data_type != onnx.TensorProto.INT64 or int(np.prod(init.dims)) < min_elements:
+        if init.data_type not in INT_TYPES or int(np.prod(init.dims)) < min_elements:
             kept.append(init)
             continue
         x = numpy_helper.to_array(init)
-        small = next((t for t in (np.uint8, np.int8, np.uint16, np.int16, np.int32)
-                      if x.min() >= np.iinfo(t).min and x.max() <= np.iinfo(t).max), None)  # fmt: skip
-        if small is None:
+        whole = smallest_int(x)
+        to = init.data_type
+        if whole is None or np.dtype(whole).itemsize >= x.dtype.itemsize and x.ndim != 2:
             kept.append(init)
             continue
-        kept.append(numpy_helper.from_array(x.astype(small), init.name + "_small"))
-        casts.append(helper.make_node("Cast", [init.name + "_small"], [init.name],
-                                      to=onnx.TensorProto.INT64))  # fmt: skip
+        short = x if x.ndim == 2 and x.shape[0] <= 16 else x.T if x.ndim == 2 else None
+        dense = x.size * np.dtype(whole).itemsize
+        if short is not None and short.shape[0] <= 16 and _rows_bytes(short) < dense:
+            inits, nodes = _by_rows(short, init.name, to, transposed=short is not x)
+        elif np.dtype(whole).itemsize < x.dtype.itemsize:
+            inits, nodes = (
+                [numpy_helper.from_array(x.astype(whole), init.name + "_small")],
+                [_cast(init.name + "_small", init.name, to)],
+            )
+        else:
+            kept.append(init)
+            continue
+        kept += inits
+        built += nodes
     del m.graph.initializer[:]
     m.graph.initializer.extend(kept)
     nodes = list(m.graph.node)
     del m.graph.node[:]
-    m.graph.node.extend(casts + nodes)
+    m.graph.node.extend(built + nodes)
     merge_identical(m)
+    merge_transposed(m)
+
+
+def _cast(src: str, dst: str, to: int = onnx.TensorProto.INT64) -> onnx.NodeProto:
+    from onnx import helper
+
+    return helper.make_node("Cast", [src], [dst], to=to)
+
+
+def _row_plan(row: np.ndarray) -> tuple[str, int]:
+    """How one row is stored (dense or sparse) and its bytes."""
+    dense = row.size * np.dtype(smallest_int(row)).itemsize
+    nz = np.flatnonzero(row)
+    if nz.size == 0:
+        return "sparse", 0
+    sparse = nz.size * (
+        np.dtype(smallest_int(nz)).itemsize + np.dtype(smallest_int(row[nz])).itemsize
+    )
+    return ("sparse", sparse) if sparse < dense else ("dense", dense)
+
+
+def _rows_bytes(x: np.ndarray) -> int:
+    return sum(_row_plan(r)[1] for r in x)
+
+
+def _by_rows(
+    x: np.ndarray, name: str, to: int, transposed: bool
+) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """Initializers and load-time nodes rebuilding `name` (R, C) row by row (type `to`; with
+    `transposed`, x is the transpose of the tensor, whose columns are the short axis)."""
+    from onnx import helper, numpy_helper
+
+    inits, nodes, parts = [], [], []
+    for r, row in enumerate(x):
+        p = f"{name}_r{r}"
+        if _row_plan(row)[0] == "dense":
+            inits.append(numpy_helper.from_array(row[None].astype(smallest_int(row)), p + "_small"))
+            nodes.append(_cast(p + "_small", p, to))
+        else:
+            nz = np.flatnonzero(row)
+            inits += [
+                numpy_helper.from_array(np.array([1, row.size], np.int64), p + "_shape"),
+                numpy_helper.from_array(nz[None].astype(smallest_int(nz) or np.int32), p + "_at"),
+                numpy_helper.from_array(row[nz][None].astype(smallest_int(row[nz]) or np.int32),
+                                        p + "_values"),
+            ]  # fmt: skip
+            zeros = helper.make_node(
+                "ConstantOfShape", [p + "_shape"], [p + "_zeros"],
+                value=numpy_helper.from_array(np.zeros(1, helper.tensor_dtype_to_np_dtype(to))),
+            )  # fmt: skip
+            nodes += [zeros, _cast(p + "_at", p + "_at64"), _cast(p + "_values", p + "_v64", to),
+                      helper.make_node("ScatterElements", [p + "_zeros", p + "_at64", p + "_v64"],
+                                       [p], axis=1)]  # fmt: skip
+        parts.append(p)
+    whole = name + "_rows" if transposed else name
+    nodes.append(helper.make_node("Concat", parts, [whole], axis=0))
+    if transposed:
+        nodes.append(helper.make_node("Transpose", [whole], [name], perm=[1, 0]))
+    return inits, nodes
 
 
 def merge_identical(m: onnx.ModelProto, min_bytes: int = 1024) -> None:
@@ -129,6 +213,44 @@ def merge_identical(m: onnx.ModelProto, min_bytes: int = 1024) -> None:
     m.graph.initializer.extend(kept)
     for node in m.graph.node:
         node.input[:] = [rename.get(i, i) for i in node.input]
+
+
+def merge_transposed(m: onnx.ModelProto, min_elements: int = 1024) -> None:
+    """Store a matrix once when the exporter also folded its transpose (a tied table's `E.T`).
+
+    For small catalogues the exporter folds the output layer's Transpose of the item table into
+    a second initializer, so the table ships twice (and int8 quantizes it twice); the copy
+    becomes a Transpose of the original (the one a Gather reads), which onnxruntime folds when
+    the session loads.
+    """
+    from onnx import helper, numpy_helper
+
+    mats = {i.name: i for i in m.graph.initializer
+            if len(i.dims) == 2 and int(np.prod(i.dims)) >= min_elements}  # fmt: skip
+    by_bytes = {(i.data_type, tuple(i.dims), numpy_helper.to_array(i).tobytes()): i.name
+                for i in mats.values()}  # fmt: skip
+    looked_up = {n.input[0] for n in m.graph.node if n.op_type == "Gather"}
+    copies: dict[str, str] = {}
+    for name, init in mats.items():
+        if name in looked_up:  # the lookup table stays an initializer (quantizers need it so)
+            continue
+        key = (init.data_type, tuple(reversed(init.dims)), numpy_helper.to_array(init).T.tobytes())
+        original = by_bytes.get(key)
+        if original is not None and original != name and original not in copies:
+            copies[name] = original
+    if not copies:
+        return
+    kept = [i for i in m.graph.initializer if i.name not in copies]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(kept)
+    nodes: list[onnx.NodeProto] = []
+    for node in list(m.graph.node):  # each Transpose just before its first reader
+        for i in node.input:
+            if i in copies:
+                nodes.append(helper.make_node("Transpose", [copies.pop(i)], [i], perm=[1, 0]))
+        nodes.append(node)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
 
 
 def embed_properties(path: Path, props: dict[str, str]) -> None:

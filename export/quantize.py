@@ -1,9 +1,10 @@
 """fp32 ONNX -> each shipped format, and what quantization touched.
 
 fp32 (reference); fp16 (weights stored in half precision, computed in fp32); int8 (onnxruntime
-dynamic quantization of MatMul/Gemm weights and Gather tables; activations quantized on the fly
-with one scale per tensor, so a row's answer depends on its batch: the runtime then answers row
-by row); int8-static (QDQ, activations calibrated on validation sequences); int4 (4-bit
+dynamic quantization of MatMul/Gemm weights and Gather tables, and of the tied scoring table
+(export/fold.py); activations quantized on the fly with one scale per tensor, so a row's answer
+depends on its batch: the runtime then answers row by row; constants decoded once at load);
+int8-static (QDQ, activations calibrated on validation sequences); int4 (4-bit
 block-quantized weights, export/int4.py). Tensors the quantizers leave in fp32 are stored as
 uint8 (fp16 for fp16), decoded once when the session loads.
 """
@@ -21,6 +22,7 @@ from lsan.artifact import feeds
 from lsan.data.batching import eval_tensors
 from lsan.data.prepare import SeqDataset
 from lsan.export import ExportError
+from lsan.export.fold import foldable_decoders, integer_scoring
 from lsan.export.graph import example_inputs
 from lsan.info import DataInfo
 
@@ -31,7 +33,42 @@ QUANT_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear", "Quan
 
 
 def convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.ndarray]]) -> None:
-    """Write `fmt` of the fp32 model to `out`."""
+    """Write `fmt` of the fp32 model to `out` (without shape annotations or node names)."""
+    _convert(fp32, out, fmt, calibration)
+    m = onnx.load(str(out))
+    slim(m)
+    onnx.save(m, str(out))
+
+
+def slim(m: onnx.ModelProto) -> None:
+    """Drop what onnxruntime does not read: shape annotations, node names, long tensor names.
+
+    value_info is recomputed by onnxruntime's shape inference at load, and every tensor but the
+    graph's inputs and outputs gets a short name (base 36, in order of appearance): on a 4-bit
+    model of ~170 KB the two are ~14% of the file.
+    """
+    g = m.graph
+    del g.value_info[:]
+    keep = {v.name for v in (*g.input, *g.output)}
+    names: dict[str, str] = {}
+
+    def short(name: str) -> str:
+        if not name or name in keep:
+            return name
+        if name not in names:
+            names[name] = np.base_repr(len(names), 36).lower()
+        return names[name]
+
+    for init in g.initializer:
+        init.name = short(init.name)
+    for node in g.node:
+        node.name = ""
+        node.doc_string = ""
+        node.input[:] = [short(i) for i in node.input]
+        node.output[:] = [short(o) for o in node.output]
+
+
+def _convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.ndarray]]) -> None:
     if fmt == "fp32":
         shutil.copyfile(fp32, out)
     elif fmt == "fp16":
@@ -43,7 +80,10 @@ def convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.ndar
             str(fp32), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm", "Gather"],
             extra_options={"MatMulConstBOnly": True},
         )  # fmt: skip
-        onnx.save(compact_weights(onnx.load(str(out)), "uint8", min_elements=1024), str(out))
+        m = compact_weights(onnx.load(str(out)), "uint8", min_elements=1024)
+        integer_scoring(m)  # the tied table scores in int8 too
+        foldable_decoders(m)  # and every other constant is decoded once, at load
+        onnx.save(m, str(out))
     elif fmt == "int8-static":
         from onnxruntime.quantization import (
             CalibrationDataReader,
@@ -81,8 +121,10 @@ def compact_weights(model: onnx.ModelProto, kind: str, min_elements: int = 256) 
     fp16: each becomes float16 followed by a Cast to float32. uint8: asymmetric per-tensor
     quantization (scale = range / 255) followed by DequantizeLinear; this reaches tensors the
     onnxruntime quantizers leave in fp32 because they feed element-wise ops (LSAN's per-item
-    output weights and bias, layer norms). Every op still computes in fp32, and onnxruntime folds
-    the decoding once when the session loads, so only bytes on disk and in transit shrink.
+    output weights and bias, layer norms). Every op still computes in fp32. onnxruntime does not
+    fold DequantizeLinear itself: `fold.foldable_decoders` turns these decoders into Cast/Sub/Mul,
+    which it folds when the session loads (the int8 format does; int8-static keeps its QDQ nodes
+    for onnxruntime's fusions), so only bytes on disk and in transit shrink.
     (onnxconverter-common's full fp16 conversion produced graphs onnxruntime rejects, a Cast type
     mismatch, or never finished on these dynamo exports.)
     """

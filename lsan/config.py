@@ -183,7 +183,7 @@ RULES: dict[str, Rule] = {
     "init_std": _above(0),
     "attention": _one_of("causal", "bidirectional", "local"),
     "train_scores": _one_of("factorised", "matrix"),
-    "item_table": _one_of("full", "qr", "codes"),
+    "item_table": _one_of("full", "qr", "codes", "pq"),
     "codes_from": _one_of("arithmetic", "popularity", "teacher"),
     "backbone": _one_of("gpt2", "llama", "bert", "albert"),
 }

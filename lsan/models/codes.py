@@ -6,10 +6,11 @@ on-device literature (OD-Rec, EODRec) instead lets the data decide. Three source
 - `popularity`: mixed-radix codes of the item's rank in training popularity, so the most
   popular items differ in the first book, and with `own_rows` = H the H most popular items get a
   row of their own in the hybrid book;
-- `teacher`: residual k-means of a trained teacher's item vectors (projected to the student's D
-  by PCA when the sizes differ): book 1 clusters the vectors, book n the residuals left by books
-  1..n-1, so similar items share codewords; the centroids initialise the codebooks and the
-  residual of each own-row item initialises its own row.
+- `teacher`: k-means of a trained teacher's item vectors (projected to the student's D by PCA
+  when the sizes differ), so similar items share codewords. Full-width books (`codes`) are
+  residual k-means: book 1 clusters the vectors, book n the residuals left by books 1..n-1.
+  Split books (`pq`) are product quantization: book n clusters dims [n D/N, (n+1) D/N). The
+  centroids initialise the codebooks and the residual of each own-row item its own row.
 The assignment is deterministic (seeded k-means), so every process of a distributed run and a
 resumed run compute the same codes; the codes are saved in the checkpoint either way.
 """
@@ -53,6 +54,28 @@ def residual_kmeans(
     return np.stack(codes, axis=1), books, residual
 
 
+def subspace_kmeans(
+    vectors: np.ndarray, sizes: list[int], widths: list[int], seed: int
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """Product quantization: codes (n, N), centroids per book, residuals of `vectors` (n, D)."""
+    from sklearn.cluster import KMeans
+
+    x = vectors.astype(np.float64)
+    codes, books, parts, at = [], [], [], 0
+    for level, (m, w) in enumerate(zip(sizes, widths, strict=True)):
+        sub = x[:, at : at + w]
+        k = min(m, len(sub))
+        km = KMeans(n_clusters=k, n_init=1, max_iter=50, random_state=seed + level)
+        labels = km.fit_predict(sub)
+        centroids = np.zeros((m, w))
+        centroids[:k] = km.cluster_centers_
+        codes.append(labels)
+        books.append(centroids)
+        parts.append(centroids[labels])
+        at += w
+    return np.stack(codes, axis=1), books, x - np.concatenate(parts, axis=1)
+
+
 def project(vectors: np.ndarray, dim: int, seed: int) -> np.ndarray:
     """The teacher's vectors in the student's width: PCA down, zero-padded up."""
     if vectors.shape[1] == dim:
@@ -85,9 +108,12 @@ def assign(
     elif source == "teacher":
         if teacher_vectors is None:
             raise ValueError("model.codes_from=teacher needs a teacher: pass --teacher CKPT")
-        dim = table.tables[0].shape[1]
-        x = project(teacher_vectors.detach().cpu().double().numpy()[1:], dim, seed)
-        item_codes, books, residual = residual_kmeans(x, main, seed)
+        x = project(teacher_vectors.detach().cpu().double().numpy()[1:], table.dim, seed)
+        widths = table.widths[:n_books]
+        if all(w == table.dim for w in widths):
+            item_codes, books, residual = residual_kmeans(x, main, seed)
+        else:
+            item_codes, books, residual = subspace_kmeans(x, main, widths, seed)
         codes = torch.zeros(table.num_ids, n_books, dtype=torch.long)
         codes[1:] = torch.as_tensor(item_codes)
         with torch.no_grad():

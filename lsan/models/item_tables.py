@@ -21,8 +21,14 @@ Tables:
 - `codes`: N codebooks and an integer table `codes` (|V|+1, N) that says which codeword of each
   book an item uses: the assignment is data (popularity, a teacher's k-means, or arithmetic),
   saved in the checkpoint as a buffer and in the ONNX graph as a uint8 / int16 initializer.
-  Scoring computes h . codebook_n once per book (P, m_n) and gathers each item's entries: the
-  cost is O(sum(m_n) D + N |V|), with no |V| x D matrix.
+  An item's vector is the sum of its codewords (additive / residual quantization). Scoring
+  computes h . codebook_n once per book (P, m_n) and gathers each item's entries: the cost is
+  O(sum(m_n) D + N |V|), with no |V| x D matrix.
+- `pq`: the same code table over product-quantized books: book n holds D/N-wide codewords for
+  dimensions [n D/N, (n+1) D/N), and an item's vector is their concatenation. At the same bytes
+  per item (N codes) the books are N times smaller and a teacher's vectors are reconstructed far
+  better than by residual codes (sub-space k-means); scoring is one batched (N, P, D/N) x
+  (N, D/N, m) matmul plus the same gather. An own-rows book stays full width (added).
 
 Per-item output weights w (N per item, init 1) and bias b (init 0) are optional on the
 compositional tables: score(v) = sum_n w[v, n] (h . E_n[code_n(v)]) + b[v]. They let items that
@@ -41,7 +47,7 @@ from torch import nn
 
 from lsan.models.layers import NEG, PAD
 
-ITEM_TABLES = ("full", "qr", "codes")
+ITEM_TABLES = ("full", "qr", "codes", "pq")
 CODE_SOURCES = ("arithmetic", "popularity", "teacher")
 TRAIN_SCORES = ("factorised", "matrix")
 
@@ -50,8 +56,8 @@ TRAIN_SCORES = ("factorised", "matrix")
 class TableConfig:
     """The item-table fields shared by every model config that takes `model.item_table`."""
 
-    item_table: str = "full"  # full, qr (the LSAN paper's quotient-remainder) or codes
-    tables: int = 2  # qr: N base tables; codes: N codebooks (plus the own-rows book)
+    item_table: str = "full"  # full, qr (the LSAN paper's quotient-remainder), codes or pq
+    tables: int = 2  # qr: N base tables; codes / pq: N codebooks (plus the own-rows book)
     m1: int = 0  # qr: rows of the first table (the paper's knob); 0 = balanced tables
     code_size: int = 256  # codes: rows per codebook (<= 256 stores each code in one byte)
     own_rows: int = 0  # codes: the H most popular items get a row of their own (hybrid)
@@ -125,11 +131,23 @@ class _Composed(nn.Module):
 
     sizes: list[int]
 
-    def __init__(self, num_items: int, dim: int, sizes: list[int], item_weights: bool):
+    def __init__(
+        self, num_items: int, dim: int, sizes: list[int], item_weights: bool,
+        widths: list[int] | None = None,
+    ):  # fmt: skip
         super().__init__()
         self.num_ids = num_items + 1
+        self.dim = dim
         self.sizes = list(sizes)
-        self.tables = nn.ParameterList(nn.Parameter(torch.zeros(m, dim)) for m in self.sizes)
+        # book n covers dims [offsets[n], offsets[n] + widths[n]); full-width books add up
+        self.widths = list(widths) if widths is not None else [dim] * len(self.sizes)
+        self.offsets, at = [], 0
+        for w in self.widths:
+            self.offsets.append(0 if w == dim else at)
+            at += 0 if w == dim else w
+        self.tables = nn.ParameterList(
+            nn.Parameter(torch.zeros(m, w)) for m, w in zip(self.sizes, self.widths, strict=True)
+        )
         n = len(self.sizes)
         self.item_weights = nn.Parameter(torch.ones(self.num_ids, n)) if item_weights else None
         self.item_bias = nn.Parameter(torch.zeros(self.num_ids)) if item_weights else None
@@ -141,11 +159,22 @@ class _Composed(nn.Module):
     def codes_of(self, ids: torch.Tensor) -> torch.Tensor:  # (...) -> (..., N) long
         raise NotImplementedError
 
+    def place(self, v: torch.Tensor, n: int) -> torch.Tensor:
+        """Book n's (..., w_n) vectors at their dims of the full (..., D) width (zero elsewhere)."""
+        w, off = self.widths[n], self.offsets[n]
+        return v if w == self.dim else F.pad(v, (off, self.dim - off - w))
+
+    def part(self, h: torch.Tensor, n: int) -> torch.Tensor:
+        """The dims of h (..., D) that book n scores."""
+        w, off = self.widths[n], self.offsets[n]
+        return h if w == self.dim else h[..., off : off + w]
+
     def base(self, items: torch.Tensor) -> torch.Tensor:
         """(B, T) ids -> (B, T, N, D) selected codewords; padding rows are zero."""
         codes = self.codes_of(items)
         vecs = torch.stack(
-            [F.embedding(codes[..., n], t) for n, t in enumerate(self.tables)], dim=-2
+            [self.place(F.embedding(codes[..., n], t), n) for n, t in enumerate(self.tables)],
+            dim=-2,
         )
         return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
 
@@ -156,7 +185,7 @@ class _Composed(nn.Module):
         codes = self.codes_of(ids)  # (P, K, N)
         total = self.item_bias[ids] if self.item_bias is not None else None
         for n, t in enumerate(self.tables):
-            part = (h.unsqueeze(-2) * F.embedding(codes[..., n], t)).sum(-1)  # (P, K)
+            part = (self.part(h, n).unsqueeze(-2) * F.embedding(codes[..., n], t)).sum(-1)
             if self.item_weights is not None:
                 part = part * self.item_weights[ids, n]
             total = part if total is None else total + part
@@ -165,7 +194,7 @@ class _Composed(nn.Module):
 
     def matrix(self) -> torch.Tensor:
         codes = self.codes_of(torch.arange(self.num_ids, device=self.tables[0].device))
-        rows = [t[codes[:, n]] for n, t in enumerate(self.tables)]  # N x (|V|+1, D)
+        rows = [self.place(t[codes[:, n]], n) for n, t in enumerate(self.tables)]  # N x (|V|+1, D)
         if self.item_weights is not None:
             rows = [r * self.item_weights[:, n : n + 1] for n, r in enumerate(rows)]
         return torch.stack(rows).sum(0)
@@ -246,8 +275,11 @@ class CodeTable(_Composed):
 
     codes: torch.Tensor
 
-    def __init__(self, num_items: int, dim: int, sizes: list[int], item_weights: bool = False):
-        super().__init__(num_items, dim, sizes, item_weights)
+    def __init__(
+        self, num_items: int, dim: int, sizes: list[int], item_weights: bool = False,
+        widths: list[int] | None = None,
+    ):  # fmt: skip
+        super().__init__(num_items, dim, sizes, item_weights, widths)
         ids = torch.arange(self.num_ids)
         start = mixed_radix(ids, table_sizes(self.num_ids, len(sizes), 0))
         start = torch.minimum(start, torch.tensor(self.sizes) - 1)  # valid even if sizes are small
@@ -273,8 +305,8 @@ class CodeTable(_Composed):
 
     def base(self, items: torch.Tensor) -> torch.Tensor:
         codes = self.codes_t()[:, items]  # (N, B, T)
-        vecs = torch.stack([F.embedding(codes[n], t) for n, t in enumerate(self.tables)], dim=-2)
-        return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
+        vecs = [self.place(F.embedding(codes[n], t), n) for n, t in enumerate(self.tables)]
+        return torch.stack(vecs, dim=-2) * (items != PAD)[..., None, None].to(vecs[0].dtype)
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """Per book h . E_n, gathered by the codes laid out (N, |V|+1), summed over the books.
@@ -283,19 +315,24 @@ class CodeTable(_Composed):
         GatherElements whose index is the code table itself, expanded at run time, so the ONNX
         file holds the codes once, as the same (N, |V|+1) constant `base` reads (export stores
         it uint8 and merges identical constants); the large axis is last, onnxruntime's fast
-        layout. Unequal books (a hybrid own-rows book) gather book by book.
+        layout. Product-quantized books (`pq`) score their own dims in one batched matmul
+        (N, P, D/N) x (N, D/N, m). Unequal books (a hybrid own-rows book) gather book by book.
         """
         lead, d = h.shape[:-1], h.shape[-1]
         flat = h.reshape(-1, d)
         codes = self.codes_t()
-        if len(set(self.sizes)) == 1:
-            s = F.linear(flat, torch.cat(list(self.tables))).view(
-                -1, len(self.sizes), self.sizes[0]
-            )
+        n_books = len(self.sizes)
+        if len(set(self.sizes)) == 1 and len(set(self.widths)) == 1:
+            if self.widths[0] == d:
+                s = F.linear(flat, torch.cat(list(self.tables))).view(-1, n_books, self.sizes[0])
+            else:  # (N, P, w) @ (N, w, m) -> (P, N, m)
+                per_book = flat.view(-1, n_books, self.widths[0]).transpose(0, 1)
+                s = (per_book @ torch.stack(list(self.tables)).transpose(1, 2)).transpose(0, 1)
             parts = s.gather(2, codes.unsqueeze(0).expand(s.shape[0], -1, -1))  # (P, N, |V|+1)
         else:
             parts = torch.stack(
-                [F.linear(flat, t)[:, codes[n]] for n, t in enumerate(self.tables)], dim=1
+                [F.linear(self.part(flat, n), t)[:, codes[n]] for n, t in enumerate(self.tables)],
+                dim=1,
             )
         if self.item_weights is not None:
             parts = parts * self.item_weights.T
@@ -308,7 +345,7 @@ def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> Any:
     """The item table `cfg.item_table` (see ITEM_TABLES) for ids 0..num_items.
 
     qr: `tables` base tables sized by m1 (0 = balanced). codes: `tables` codebooks of
-    `code_size` rows, plus, with `own_rows` = H > 0, one more book of H + 1 rows in which the H
+    `code_size` rows (pq: each D / tables wide, over its own dims), plus, with `own_rows` = H > 0, one more book of H + 1 rows in which the H
     most popular items get a row of their own and every other item row 0 (a hybrid table).
     """
     if cfg.codes_from not in CODE_SOURCES:
@@ -323,11 +360,20 @@ def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> Any:
         return FullTable(num_items, dim)
     if cfg.item_table == "qr":
         return QRTable(num_items, dim, cfg.tables, cfg.m1, cfg.item_weights)
-    if cfg.item_table == "codes":
+    if cfg.item_table in ("codes", "pq"):
         if cfg.code_size < 2:
             raise ValueError(f"model.code_size must be at least 2, got {cfg.code_size}")
         own = [cfg.own_rows + 1] if cfg.own_rows > 0 else []
-        return CodeTable(num_items, dim, [cfg.code_size] * cfg.tables + own, cfg.item_weights)
+        widths = None
+        if cfg.item_table == "pq":
+            if dim % cfg.tables:
+                raise ValueError(
+                    f"model.item_table=pq splits D={dim} into model.tables={cfg.tables} equal "
+                    "parts: D must be a multiple of tables"
+                )
+            widths = [dim // cfg.tables] * cfg.tables + [dim] * len(own)
+        sizes = [cfg.code_size] * cfg.tables + own
+        return CodeTable(num_items, dim, sizes, cfg.item_weights, widths)
     raise ValueError(
         f"unknown model.item_table {cfg.item_table!r} (known: {', '.join(ITEM_TABLES)})"
     )

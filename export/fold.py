@@ -1,0 +1,137 @@
+"""Graph passes that make quantized constants cost nothing per request.
+
+onnxruntime does not constant-fold `DequantizeLinear` (it keeps QDQ patterns for its fusions),
+so an int8 graph that decodes an initializer with it decodes that whole tensor on every call:
+SASRec's tied scoring table, LSAN's per-item weights, every tensor `compact_weights` stored as
+uint8. Two rewrites fix that without changing the bytes on disk:
+
+- `foldable_decoders`: DequantizeLinear(initializer) -> Cast, Sub, Mul of the same initializer.
+  Standard ops with constant inputs are folded once when a session loads, so the decoded float
+  tensor is built once and the request reads it like an fp32 weight.
+- `integer_scoring`: a MatMul whose weight is such a decoded table, reached through an optional
+  Transpose (the tied output layer `h @ E.T`), runs on the int8 table itself: DynamicQuantizeLinear
+  of the activations, MatMulInteger against the transposed int8 initializer (the Transpose is
+  folded at load), one rescale. It reads 1 byte per table entry instead of 4 (the pattern
+  onnxruntime fuses into DynamicQuantizeMatMul), the same recipe quantize_dynamic applies to
+  every other constant MatMul. Like those, the activation scale is per tensor, so the answer of
+  a row depends on its batch (the artifact records that and the server answers row by row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+FLOAT = onnx.TensorProto.FLOAT
+
+
+def _inits(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {i.name: i for i in model.graph.initializer}
+
+
+def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {o: n for n in model.graph.node for o in n.output}
+
+
+def _per_tensor(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
+    """A DequantizeLinear of an initializer with one scale (and zero point) for the tensor."""
+    if node.op_type != "DequantizeLinear" or node.input[0] not in inits:
+        return False
+    rest = [x for x in node.input[1:] if x]
+    return all(x in inits and int(np.prod(inits[x].dims)) == 1 for x in rest)
+
+
+def _consumers(model: onnx.ModelProto, name: str) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if name in n.input]
+
+
+def integer_scoring(model: onnx.ModelProto) -> int:
+    """Rewrite float MatMuls against a decoded int8 table to MatMulInteger; the count rewritten."""
+    inits, made = _inits(model), _producers(model)
+    graph, done = model.graph, 0
+    new_nodes: list[onnx.NodeProto] = []
+    for node in list(graph.node):
+        if node.op_type != "MatMul":
+            new_nodes.append(node)
+            continue
+        b = made.get(node.input[1])
+        transpose = b if b is not None and b.op_type == "Transpose" else None
+        dq = made.get(transpose.input[0]) if transpose is not None else b
+        if dq is None or not _per_tensor(dq, inits):
+            new_nodes.append(node)
+            continue
+        q = inits[dq.input[0]]
+        if q.data_type not in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8) or len(q.dims) != 2:
+            new_nodes.append(node)
+            continue
+        p = node.output[0] + "_int"
+        weight = q.name
+        if transpose is not None:  # Transpose of the int8 initializer itself: folded at load
+            weight = p + "_wT"
+            new_nodes.append(helper.make_node("Transpose", [q.name], [weight], perm=[1, 0]))
+        zero_w = dq.input[2] if len(dq.input) > 2 and dq.input[2] else ""
+        if not zero_w:
+            zero_w = p + "_wz"
+            graph.initializer.append(numpy_helper.from_array(np.array(0, np.int8), zero_w))
+        new_nodes += [
+            helper.make_node(
+                "DynamicQuantizeLinear", [node.input[0]], [p + "_a", p + "_as", p + "_az"]
+            ),
+            helper.make_node("MatMulInteger", [p + "_a", weight, p + "_az", zero_w], [p + "_i"]),
+            helper.make_node("Cast", [p + "_i"], [p + "_f"], to=FLOAT),
+            helper.make_node("Mul", [p + "_as", dq.input[1]], [p + "_s"]),
+            helper.make_node("Mul", [p + "_f", p + "_s"], [node.output[0]]),
+        ]
+        done += 1
+    if done:
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+        prune(model)
+    return done
+
+
+def foldable_decoders(model: onnx.ModelProto) -> int:
+    """DequantizeLinear of per-tensor-quantized initializers -> Cast, Sub, Mul; the count."""
+    inits = _inits(model)
+    graph, done = model.graph, 0
+    new_nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if not _per_tensor(node, inits):
+            new_nodes.append(node)
+            continue
+        x, scale = node.input[0], node.input[1]
+        zero = node.input[2] if len(node.input) > 2 and node.input[2] else ""
+        out = node.output[0]
+        new_nodes.append(helper.make_node("Cast", [x], [out + "_q"], to=FLOAT))
+        centred = out + "_q"
+        if zero:
+            z = numpy_helper.to_array(inits[zero]).astype(np.float32)
+            graph.initializer.append(numpy_helper.from_array(z, out + "_zf"))
+            new_nodes.append(helper.make_node("Sub", [out + "_q", out + "_zf"], [out + "_c"]))
+            centred = out + "_c"
+        new_nodes.append(helper.make_node("Mul", [centred, scale], [out]))
+        done += 1
+    if done:
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+        prune(model)
+    return done
+
+
+def prune(model: onnx.ModelProto) -> None:
+    """Drop nodes whose outputs nothing reads and initializers no node reads."""
+    graph = model.graph
+    wanted = {o.name for o in graph.output}
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(list(graph.node)):
+        if any(o in wanted for o in node.output):
+            kept.append(node)
+            wanted.update(i for i in node.input if i)
+    kept.reverse()
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = wanted
+    inits = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)

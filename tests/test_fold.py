@@ -1,0 +1,162 @@
+"""Quantized constants cost nothing per request: decoders fold at load, the tied table scores int8."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import train_tiny
+
+from lsan.artifact import feeds
+from lsan.checkpoint import load_model
+from lsan.export.fold import foldable_decoders, integer_scoring
+from lsan.export.graph import example_inputs, export_fp32
+from lsan.export.quantize import convert
+
+KINDS = {
+    "sasrec": ("sasrec", {"dim": 16, "layers": 1}),
+    "lsan": ("lsan", {"dim": 16, "m1": 0}),
+    "sasrec-pq": ("sasrec", {"dim": 16, "layers": 1, "item_table": "pq", "tables": 4,
+                             "code_size": 16}),  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module")
+def graphs(small_ds, tmp_path_factory):
+    out = {}
+    for key, (name, cfg) in KINDS.items():
+        root = tmp_path_factory.mktemp(key)
+        model, _, info = load_model(train_tiny(name, cfg, small_ds, root / "ck"))
+        export_fp32(model, info, root / "fp32.onnx", 20)
+        convert(root / "fp32.onnx", root / "int8.onnx", "int8", [])
+        out[key] = (root, info)
+    return out
+
+
+def loaded_graph(path, tmp_path) -> onnx.ModelProto:
+    """The graph onnxruntime runs after its load-time optimisation (constant folding included)."""
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return onnx.load(str(tmp_path / "optimized.onnx"))
+
+
+@pytest.mark.parametrize("key", list(KINDS))
+def test_nothing_is_decoded_per_request(key, graphs, tmp_path):
+    root, _ = graphs[key]
+    m = onnx.load(str(root / "int8.onnx"))
+    inits = {i.name for i in m.graph.initializer}
+    assert not [n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits]
+    run = loaded_graph(root / "int8.onnx", tmp_path)
+    size = {i.name: int(np.prod(i.dims)) for i in run.graph.initializer}
+    constant_only = [n.op_type for n in run.graph.node
+                     if n.input and all(i in size for i in n.input if i)
+                     and max(size[i] for i in n.input if i) >= 64]  # fmt: skip
+    assert constant_only == []  # no tensor is decoded again per request (scalar shape ops aside)
+
+
+def test_sasrec_tied_table_scores_in_int8(graphs):
+    root, info = graphs["sasrec"]
+    m = onnx.load(str(root / "int8.onnx"))
+    float_matmuls = [n for n in m.graph.node if n.op_type == "MatMul"]
+    inits = {i.name: i for i in m.graph.initializer}
+    (table,) = [i for i in m.graph.initializer if list(i.dims) == [info.num_items + 1, 16]]
+    assert table.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)  # 8-bit, once
+    readers = [n.op_type for n in m.graph.node if table.name in n.input]
+    assert sorted(readers) == ["Gather", "Transpose"]  # lookup, and the folded scoring weight
+    # the only float MatMuls left multiply activations by activations (attention)
+    assert all(i not in inits for n in float_matmuls for i in n.input)
+
+
+@pytest.mark.parametrize("key", list(KINDS))
+def test_int8_answers_stay_close_to_fp32(key, graphs):
+    root, info = graphs[key]
+    x = feeds(*example_inputs(info, batch=6, length=10, seed=5))
+    ref = ort.InferenceSession(str(root / "fp32.onnx"), providers=["CPUExecutionProvider"])
+    got = ort.InferenceSession(str(root / "int8.onnx"), providers=["CPUExecutionProvider"])
+    (rs,) = ref.run(["scores"], x)
+    (gs,) = got.run(["scores"], x)
+    live = rs > -1e8
+    assert np.array_equal(live, gs > -1e8)  # the same items excluded
+    spread = rs[live].std()
+    assert np.abs(gs[live] - rs[live]).max() < 0.25 * spread
+    top_r, top_g = np.argsort(-rs, 1)[:, :10], np.argsort(-gs, 1)[:, :10]
+    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top_r, top_g, strict=True)])
+    assert overlap >= 0.7
+
+
+def test_rewrites_are_exact_on_a_hand_built_graph():
+    """h @ dequant(Wq).T as MatMulInteger equals the float product up to h's int8 rounding."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    wq = rng.integers(-127, 128, (50, 8)).astype(np.int8)
+    scale = np.array(0.01, np.float32)
+    zero = np.array(0, np.int8)
+    f = onnx.TensorProto.FLOAT
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"]),
+         helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+         helper.make_node("MatMul", ["h", "wt"], ["y"]),
+         helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w2"]),
+         helper.make_node("Identity", ["w2"], ["table"])],
+        "g", [helper.make_tensor_value_info("h", f, [None, 8])],
+        [helper.make_tensor_value_info("y", f, [None, 50]),
+         helper.make_tensor_value_info("table", f, [50, 8])],
+        [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(scale, "s"),
+         numpy_helper.from_array(zero, "z")],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    assert integer_scoring(m) == 1 and foldable_decoders(m) == 1
+    ops = [n.op_type for n in m.graph.node]
+    assert "MatMulInteger" in ops and "DequantizeLinear" not in ops and "MatMul" not in ops
+    h = rng.normal(size=(3, 8)).astype(np.float32)
+    y, table = ort.InferenceSession(m.SerializeToString()).run(None, {"h": h})
+    w = wq.astype(np.float32) * scale
+    np.testing.assert_allclose(table, w, rtol=0, atol=0)
+    step = (h.max() - min(h.min(), 0)) / 255  # the activation's int8 step
+    assert np.abs(y - h @ w.T).max() <= step * np.abs(w).sum(1).max()
+    assert np.abs(y - h @ w.T).max() > 0  # it is the integer product, not the float one
+
+
+def test_pq_table_scores_like_its_matrix():
+    from lsan.models.item_tables import TableConfig, build_item_table
+
+    t = build_item_table(TableConfig(item_table="pq", tables=4, code_size=8), 60, 16)
+    t.reset(0.1)
+    h = torch.randn(5, 16)
+    m = t.matrix()
+    torch.testing.assert_close(t.scores(h), h @ m.T)
+    ids = torch.randint(1, 61, (5, 7))
+    torch.testing.assert_close(t.score_ids(h, ids), (h @ m.T).gather(1, ids))
+    items = torch.randint(0, 61, (2, 6))
+    torch.testing.assert_close(t(items), m[items] * (items != 0)[..., None])
+    assert [p.shape[1] for p in t.tables] == [4, 4, 4, 4]  # each book is D / N wide
+    with pytest.raises(ValueError, match="multiple of tables"):
+        build_item_table(TableConfig(item_table="pq", tables=3), 60, 16)
+
+
+@pytest.mark.parametrize("layout", ["books x items int64", "items x books int16"])
+def test_code_tables_are_stored_row_by_row_and_sparse(layout):
+    """uint8 books beside an int16 own-rows book that is mostly zero: each book in its own form."""
+    from onnx import helper, numpy_helper
+
+    from lsan.export.graph import compact_integers
+
+    rng = np.random.default_rng(0)
+    v = 5000
+    own = np.where(rng.random(v) < 0.1, rng.integers(1, 1001, v), 0)
+    codes = np.stack([rng.integers(0, 256, v), rng.integers(0, 256, v), own]).astype(np.int64)
+    if layout.startswith("items"):  # the model's own buffer: (|V|+1, N) int16
+        codes = codes.T.astype(np.int16)
+    elem = onnx.helper.np_dtype_to_tensor_dtype(codes.dtype)
+    out = helper.make_tensor_value_info("y", elem, list(codes.shape))
+    g = helper.make_graph([helper.make_node("Identity", ["c"], ["y"])], "g", [], [out],
+                          [numpy_helper.from_array(codes, "c")])  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    compact_integers(m)
+    stored = sum(len(i.raw_data) for i in m.graph.initializer)
+    assert stored <= 2 * v + 4 * int((own > 0).sum()) + 64  # uint8 rows + (int16, int16) pairs
+    (y,) = ort.InferenceSession(m.SerializeToString()).run(None, {})
+    assert y.dtype == codes.dtype
+    np.testing.assert_array_equal(y, codes)
