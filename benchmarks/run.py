@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lsan.artifact import DEFAULT_K
 from lsan.benchmarks import bound, frontier, latency, memory, report, scaling, size
 from lsan.benchmarks.artifacts import dataset_for, export_all, load_checkpoints
 from lsan.benchmarks.env import cores, environment
@@ -43,7 +44,7 @@ class Settings:
     quick: bool = False
     formats: tuple[str, ...] = FORMATS
     skip: tuple[str, ...] = ()
-    k: int = 100  # top-K in the exported graph
+    k: int = DEFAULT_K  # top-K in the exported graph
     warmup: int = 30  # untimed calls before each latency measurement
     repeats: int = 300  # timed calls at batch 1 (a fifth of it at batch 32/256)
     budget_s: float = 10.0  # at most this long per latency configuration
@@ -185,7 +186,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--max-memory-gb", type=float, help="skip scaling models needing more to export"
     )
-    ap.add_argument("--k", type=int, default=100, help="top-K computed in the exported graphs")
+    ap.add_argument(
+        "--k", type=int, default=DEFAULT_K, help="top-K computed in the exported graphs"
+    )
     ap.add_argument("--work", type=Path, help="keep the exported artifacts in this folder")
     ap.add_argument("--quiet", action="store_true")
     return ap  # fmt: skip

@@ -23,8 +23,8 @@ from pathlib import Path
 from lsan import artifact
 from lsan.artifact import ArtifactMeta, Check
 from lsan.checkpoint import CheckpointError, load_model
-from lsan.data.prepare import SeqDataset, load_dataset
-from lsan.data.readers import DataError
+from lsan.data.prepare import SeqDataset, data_root, load_dataset
+from lsan.data.readers import DataError, read_titles
 from lsan.export import ExportError, place
 from lsan.export.graph import OPSET, embed_properties, export_fp32
 from lsan.export.quantize import FORMATS, calibration_feeds, convert, quantized_ops
@@ -34,7 +34,7 @@ from lsan.models.objectives import uses_users
 
 
 def export(
-    ckpt: str | Path, out: str | Path, quant: str = "auto", k: int = 100, max_drop: float = 0.02,
+    ckpt: str | Path, out: str | Path, quant: str = "auto", k: int = artifact.DEFAULT_K, max_drop: float = 0.02,
     force: bool = False, data_dir: str = "", cache_dir: str = "", evaluate_data: bool = True,
     log: Callable[..., None] = print, ds: SeqDataset | None = None,
     formats: tuple[str, ...] = FORMATS, every_format: Path | None = None,
@@ -67,6 +67,8 @@ def export(
     ds = ds if evaluate_data else None
     torch_test = pytorch_metrics(model, run, info, ds) if ds is not None else None
     tried = list(formats) if quant == "auto" else [quant]
+    # item titles ship with the artifact when the dataset's own files name the items
+    titles = read_titles(dataset["name"], data_root(data_dir or run.data.data_dir))
     place.clean_stale(out, log)
 
     with place.staging(out) as tmp:
@@ -101,7 +103,7 @@ def export(
             meta = describe_artifact(
                 run, info, dataset, fmt, candidates, torch_test, k, problems, ckpt
             )
-            tables = artifact_tables(dataset, info)
+            tables = artifact_tables(dataset, info, titles=titles)
             embed_properties(folder / artifact.MODEL, artifact.graph_properties(meta, tables))
             meta = artifact.write(folder, meta, tables)
             try:  # read back whole, exactly as the device will
@@ -137,7 +139,10 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--quant", default="auto", choices=["auto", *FORMATS])
     ap.add_argument(
-        "--k", type=int, default=100, help="top-K computed in the graph (the server's max k)"
+        "--k",
+        type=int,
+        default=artifact.DEFAULT_K,
+        help=f"top-K computed in the graph, the largest k the server answers (default {artifact.DEFAULT_K})",
     )
     ap.add_argument(
         "--max-drop",

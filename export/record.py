@@ -49,13 +49,18 @@ def describe_artifact(
     )  # fmt: skip
 
 
-def artifact_tables(dataset: dict[str, Any], info: DataInfo, n: int = 100) -> Tables:
-    """Raw id and category of every item index; the most frequent training items (indices)."""
+def artifact_tables(
+    dataset: dict[str, Any], info: DataInfo, n: int = 100, titles: dict[int, str] | None = None
+) -> Tables:
+    """Raw id and category of every item index; the most frequent training items (indices);
+    each item's title from `titles` (raw id -> title), none when no catalogue item has one."""
     counts = dataset.get("item_counts")
     if counts is None:
         popular = list(range(1, min(n, info.num_items) + 1))
     else:
         popular = [int(i) for i in np.argsort(-np.asarray(counts), kind="stable") if i != 0][:n]
+    named = ["", *(titles.get(int(r), "") for r in dataset["raw_item_ids"][1:])] if titles else []
     return Tables(raw_item_ids=np.asarray(dataset["raw_item_ids"]),
                   item_category=np.asarray(dataset["item_category"]),
-                  popular_items=np.asarray(popular))  # fmt: skip
+                  popular_items=np.asarray(popular),
+                  item_titles=named if any(named) else None)  # fmt: skip

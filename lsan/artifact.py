@@ -2,7 +2,8 @@
 
     DIR/model.onnx     the graph: items, cats, slots, exclude (int64) -> top_items, top_scores, scores
     DIR/tables.npz     the catalogue as compressed integer arrays: raw id (as differences) and
-                       category of every item index, popular item indices for cold starts
+                       category of every item index, popular item indices for cold starts, and
+                       optionally every item's title (UTF-8 bytes, one line per item index)
     DIR/metadata.json  ArtifactMeta: model, dataset, contract, format, export checks, sizes
     DIR/manifest.json  bytes and sha256 of each of the three files above
 
@@ -32,12 +33,18 @@ from lsan.info import DataInfo
 SCHEMA_VERSION = 2  # 1: model.onnx + metadata.json with JSON id lists and no manifest
 INPUTS = ("items", "cats", "slots", "exclude")  # int64 (B, T) x 3, left-padded; int64 (B, E)
 OUTPUTS = ("top_items", "top_scores", "scores")  # int64 (B, K), float32 (B, K), float32 (B, |V|+1)
+# the top-K an export computes and the largest k a server answers by default: 20 covers the
+# reported cut-offs (HR/NDCG@5/10/20) and a top-100 costs onnxruntime ~47 us of a ~0.2 ms answer
+DEFAULT_K = 20
 NEG = -1e9  # the graph's score of excluded and padding items (the models' additive-mask value)
 MODEL, TABLES, META, MANIFEST = "model.onnx", "tables.npz", "metadata.json", "manifest.json"
 TABLE_NAMES = ("raw_item_ids", "item_category", "popular_items")
 # in tables.npz the raw ids are stored as differences of consecutive entries (sorted catalogues,
 # the usual case, then compress to almost nothing), each array in its narrowest integer type
 STORED_NAMES = ("raw_item_ids_diff", "item_category", "popular_items")
+# optional: the titles of items 0..|V| (0 padding: ""), "\n"-joined UTF-8 as uint8; an artifact
+# of a dataset without names (or of an older lsan) has no such array
+TITLES = "item_titles_utf8"
 BATCH_ATOL = 1e-6  # a row's scores alone and inside a batch may differ by at most this
 
 
@@ -115,6 +122,7 @@ class Tables:
     raw_item_ids: np.ndarray  # (|V|+1,) raw id of each item index; index 0 is padding
     item_category: np.ndarray  # (|V|+1,) category id of each item index; 0 for padding
     popular_items: np.ndarray  # (P,) item indices, most popular first (the cold-start answer)
+    item_titles: list[str] | None = None  # (|V|+1,) title of each item index ("" none, 0 padding)
 
 
 @dataclass
@@ -150,10 +158,13 @@ def feeds(items, cats, slots, exclude) -> dict[str, np.ndarray]:
 
 
 def tables_digest(tables: Tables) -> str:
-    """sha256 of the tables' values (as little-endian int64, whatever dtype stores them)."""
+    """sha256 of the tables' values (as little-endian int64, whatever dtype stores them), and of
+    the titles when there are any (so a table without titles keeps its digest)."""
     h = hashlib.sha256()
     for name in TABLE_NAMES:
         h.update(name.encode() + np.asarray(getattr(tables, name), dtype="<i8").tobytes())
+    if tables.item_titles is not None:
+        h.update(b"item_titles" + "\n".join(tables.item_titles).encode())
     return h.hexdigest()
 
 
@@ -185,12 +196,16 @@ def write(folder: Path, meta: ArtifactMeta, tables: Tables) -> ArtifactMeta:
     """Complete `folder` (which already holds model.onnx) into an artifact; returns the meta
     with its sizes filled in. Not atomic by itself: export writes into a temporary folder."""
     raw = np.asarray(tables.raw_item_ids, dtype=np.int64)
-    np.savez_compressed(
-        folder / TABLES,
-        raw_item_ids_diff=smallest_int(np.diff(raw, prepend=0)),
-        item_category=smallest_int(tables.item_category),
-        popular_items=smallest_int(tables.popular_items),
-    )
+    arrays: dict[str, Any] = {
+        "raw_item_ids_diff": smallest_int(np.diff(raw, prepend=0)),
+        "item_category": smallest_int(tables.item_category),
+        "popular_items": smallest_int(tables.popular_items),
+    }
+    if tables.item_titles is not None:
+        if any("\n" in t for t in tables.item_titles):
+            raise ValueError("an item title holds a line break")
+        arrays[TITLES] = np.frombuffer("\n".join(tables.item_titles).encode(), dtype=np.uint8)
+    np.savez_compressed(folder / TABLES, **arrays)
     files = {n: FileEntry(bytes=(folder / n).stat().st_size, sha256=file_digest(folder / n))
              for n in (MODEL, TABLES)}  # fmt: skip
     total = -1
@@ -266,17 +281,28 @@ def read_tables(path: Path, info: DataInfo) -> Tables:
             arrays = {n: np.asarray(npz[n]) for n in npz.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise ArtifactError(f"{path}: not a readable .npz ({exc})") from None
-    if set(arrays) != set(STORED_NAMES):
-        raise ArtifactError(
-            f"{path}: arrays must be {', '.join(STORED_NAMES)}, found {sorted(arrays)}"
-        )
+    if set(arrays) - {TITLES} != set(STORED_NAMES):
+        raise ArtifactError(f"{path}: arrays must be {', '.join(STORED_NAMES)} (and optionally "
+                            f"{TITLES}), found {sorted(arrays)}")  # fmt: skip
     for name, a in arrays.items():
         if a.ndim != 1 or a.dtype.kind not in "iu":
             raise ArtifactError(f"{path}: {name} must be a 1-D integer array")
+    n = info.num_items
+    titles = None
+    if TITLES in arrays:
+        if arrays[TITLES].dtype != np.uint8:
+            raise ArtifactError(f"{path}: {TITLES} must be uint8 (UTF-8 bytes)")
+        try:
+            titles = arrays[TITLES].tobytes().decode("utf-8").split("\n")
+        except UnicodeDecodeError:
+            raise ArtifactError(f"{path}: {TITLES} is not valid UTF-8") from None
+        if len(titles) != n + 1 or titles[0] != "":
+            raise ArtifactError(f"{path}: {TITLES} holds {len(titles)} titles, info.num_items "
+                                f"+ 1 = {n + 1} (the first, padding's, empty)")  # fmt: skip
     t = Tables(raw_item_ids=np.cumsum(arrays["raw_item_ids_diff"], dtype=np.int64),
                item_category=arrays["item_category"].astype(np.int64),
-               popular_items=arrays["popular_items"].astype(np.int64))  # fmt: skip
-    n = info.num_items
+               popular_items=arrays["popular_items"].astype(np.int64),
+               item_titles=titles)  # fmt: skip
     for name in ("raw_item_ids", "item_category"):
         if len(getattr(t, name)) != n + 1:
             raise ArtifactError(f"{path}: {name} has {len(getattr(t, name))} entries, "

@@ -2,8 +2,10 @@
 
 Routes: POST /recommend, POST /recommend/batch, GET /health (liveness), GET /ready (503 until the
 model is loaded and warmed up), GET /metadata (what was shipped and how it was verified, without
-the id tables) and GET /metrics (Prometheus text, from a registry owned by the app, so several
-apps in one process do not collide).
+the id tables), GET /metrics (Prometheus text, from a registry owned by the app, so several
+apps in one process do not collide), GET /items (catalogue search and lookup, paginated) and
+GET / (the page to try the model: one self-contained file, page.html, that calls the
+routes above; nothing is fetched from anywhere else, its Content-Security-Policy says so).
 
 `create_app()` reads `Settings` (env `LSAN_*`) when called. The artifact is loaded and verified
 whole (lsan.artifact.read) in the lifespan, so a missing, tampered or inconsistent artifact stops
@@ -27,18 +29,21 @@ import contextlib
 import ctypes
 import json
 import logging
+import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -50,18 +55,23 @@ from prometheus_client import (
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from lsan.serving.catalogue import Catalogue
 from lsan.serving.runtime import Artifact, Result, load_artifact
 from lsan.serving.schemas import (
     BatchRequest,
     BatchResponse,
+    CatalogueItem,
     ErrorResponse,
     Health,
+    ItemPage,
+    ItemQuery,
     Limits,
     Metadata,
     Ready,
     Recommendation,
     RecommendRequest,
     RecommendResponse,
+    Warmup,
 )
 from lsan.serving.settings import Settings
 
@@ -69,6 +79,10 @@ log = logging.getLogger("uvicorn.error")  # uvicorn configures this one, so star
 
 DRAIN_BYTES = 64 << 20  # an oversize body is read and dropped up to this much before the 413
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# the page may run its own inline script and style and talk to this server, nothing else
+PAGE_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+               "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+               "frame-ancestors 'none'")  # fmt: skip
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": why}
     for code, why in [
@@ -262,6 +276,13 @@ LimitsDep = Annotated[Limits, Depends(get_limits)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
+async def get_catalogue(request: Request, artifact: ArtifactDep) -> Catalogue:
+    return request.app.state.catalogue  # built with the artifact, so ready means it is there
+
+
+CatalogueDep = Annotated[Catalogue, Depends(get_catalogue)]
+
+
 # ---------------------------------------------------------------- recommendation
 
 
@@ -342,6 +363,36 @@ def recommend_batch(
     )  # fmt: skip
 
 
+# ---------------------------------------------------------------- the catalogue and the page
+
+
+def items(query: Annotated[ItemQuery, Query()], catalogue: CatalogueDep) -> ItemPage:
+    """Search the catalogue (q: raw id or its first digits, title or category words; empty: the
+    most popular first) or look up raw ids, one page at a time."""
+    unknown: list[int] = []
+    if query.ids:
+        found = catalogue.index(query.ids)
+        unknown = [i for i, f in zip(query.ids, found.tolist(), strict=True) if f == 0]
+        matches = found[found != 0]
+    else:
+        matches = catalogue.search(query.q)
+    total = len(matches)
+    start = min(query.offset, total)
+    page = matches[start : start + query.limit]
+    end = start + len(page)
+    return ItemPage(
+        items=[CatalogueItem(**asdict(it)) for it in catalogue.describe(np.asarray(page))],
+        total=total, offset=query.offset, next_offset=end if end < total else None,
+        unknown_items=unknown, titles=catalogue.has_titles,
+    )  # fmt: skip
+
+
+async def page(request: Request) -> Response:
+    """The page to try the model (HTML, CSS and JavaScript in one file, served from here)."""
+    return HTMLResponse(request.app.state.page, headers={"content-security-policy": PAGE_POLICY,
+                                                         "cache-control": "no-cache"})  # fmt: skip
+
+
 # ---------------------------------------------------------------- service routes
 
 
@@ -368,9 +419,11 @@ async def metrics_text(metrics: MetricsDep) -> Response:
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def build_metadata(artifact: Artifact, settings: Settings, limits: Limits) -> Metadata:
+def build_metadata(
+    artifact: Artifact, settings: Settings, limits: Limits, warmup: Warmup
+) -> Metadata:
     return Metadata(**dict(artifact.meta), files=artifact.files, threads=settings.threads,
-                    limits=limits)  # fmt: skip
+                    limits=limits, item_titles=artifact.titles is not None, warmup=warmup)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the app
@@ -392,8 +445,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.preloaded = None  # ArtifactError above stops startup
     limits = app.state.limits.model_copy(update={"k_max": min(settings.max_k, artifact.k_max)})
     app.state.artifact, app.state.limits = artifact, limits
-    app.state.metadata = build_metadata(artifact, settings, limits)
-    warm = artifact.warm_up()
+    app.state.catalogue = Catalogue(artifact)
+    times = artifact.warm_up()
+    warm = times[0]
+    p50 = statistics.median(times[1:]) if len(times) > 1 else warm
+    app.state.metadata = build_metadata(artifact, settings, limits, Warmup(
+        requests=len(times), first_ms=round(warm * 1000, 3), p50_ms=round(p50 * 1000, 3)))  # fmt: skip
     release_freed_memory()
     app.state.ready = True
     app.state.metrics.ready.set(1)
@@ -409,7 +466,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         app.state.ready = False
         app.state.metrics.ready.set(0)
-        app.state.artifact = None
+        app.state.artifact = app.state.catalogue = None
 
 
 def create_app(settings: Settings | None = None, artifact: Artifact | None = None) -> FastAPI:
@@ -428,6 +485,7 @@ def create_app(settings: Settings | None = None, artifact: Artifact | None = Non
     )
     app.state.settings, app.state.ready, app.state.metrics = settings, False, new_metrics()
     app.state.preloaded = artifact
+    app.state.page = files("lsan.serving").joinpath("page.html").read_bytes()
     app.state.limits = Limits(  # the lifespan lowers k_max to the artifact's top-K
         k_max=settings.max_k, max_history=settings.max_history, max_batch=settings.max_batch,
         max_body_bytes=settings.max_body_bytes,
@@ -440,6 +498,10 @@ def create_app(settings: Settings | None = None, artifact: Artifact | None = Non
     app.add_api_route("/metadata", metadata, methods=["GET"], responses={503: ERRORS[503]})
     app.add_api_route("/metrics", metrics_text, methods=["GET"], response_class=Response,
                       responses={200: {"content": {"text/plain": {}}}})  # fmt: skip
+    app.add_api_route(
+        "/items", items, methods=["GET"], responses={c: ERRORS[c] for c in (422, 503)}
+    )
+    app.add_api_route("/", page, methods=["GET"], include_in_schema=False)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: sees the 413s
     return app

@@ -8,9 +8,10 @@ the routes, with the same error shape.
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from lsan.artifact import ArtifactMeta, FileEntry
@@ -128,6 +129,61 @@ class ErrorResponse(BaseModel):
     errors: list[ErrorDetail] | None = Field(None, description="one entry per invalid field")
 
 
+def _decimal(value: object) -> object:
+    """A query value is text: only plain decimal digits read as an integer (no "5.0", "1e3")."""
+    if isinstance(value, str) and not re.fullmatch(r"-?[0-9]{1,30}", value):
+        raise PydanticCustomError("int_parsing", "Input should be an integer in decimal digits")
+    return value
+
+
+QueryInt = Annotated[int, BeforeValidator(_decimal)]
+MAX_PAGE = 100  # most items in one /items answer, and most ids in one lookup
+
+
+class ItemQuery(BaseModel):
+    """GET /items: search (q) or look up (ids), one page at a time. Unknown parameters are
+    refused like unknown body fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    q: str = Field("", max_length=100, description="raw id (or its first digits), words of the "
+                   "title or of the category name; empty: the whole catalogue, most popular first")  # fmt: skip
+    ids: list[Annotated[QueryInt, Field(ge=0, le=INT64_MAX)]] = Field(
+        default_factory=list, max_length=MAX_PAGE,
+        description="raw ids to look up instead of a search (repeat the parameter), answered in order",
+    )  # fmt: skip
+    offset: QueryInt = Field(0, ge=0, le=INT64_MAX, description="matches to skip")
+    limit: QueryInt = Field(20, ge=1, le=MAX_PAGE, description="most items in the answer")
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> ItemQuery:
+        if self.q and self.ids:
+            raise PydanticCustomError("one_mode", "give q (a search) or ids (a lookup), not both")
+        return self
+
+
+class CatalogueItem(BaseModel):
+    item_id: int = Field(description="raw item id")
+    title: str | None = Field(description="the dataset's title; null when the artifact has none")
+    category: str | None = Field(description="category name; null when unknown")
+
+
+class ItemPage(BaseModel):
+    items: list[CatalogueItem]
+    total: int = Field(description="items matching the search (for a lookup: ids found)")
+    offset: int
+    next_offset: int | None = Field(description="offset of the next page; null on the last")
+    unknown_items: list[int] = Field(description="looked-up raw ids not in the catalogue")
+    titles: bool = Field(description="whether the artifact carries item titles")
+
+
+class Warmup(BaseModel):
+    requests: int = Field(description="full-length requests run at startup, the first included")
+    first_ms: float = Field(description="the first one (graph initialisation)")
+    p50_ms: float = Field(description="median of the others: a full-length history at k max "
+                          "through the runtime, without HTTP")  # fmt: skip
+
+
 class Health(BaseModel):
     status: Literal["ok"]
 
@@ -152,3 +208,5 @@ class Metadata(ArtifactMeta):
     files: dict[str, FileEntry] = Field(description="the manifest: bytes and sha256 of each file")
     threads: int = Field(description="onnxruntime intra-op threads of this server")
     limits: Limits = Field(description="this server's limits (k_max: never above contract.k)")
+    item_titles: bool = Field(description="whether the artifact carries item titles")
+    warmup: Warmup = Field(description="the startup warm-up's timings")

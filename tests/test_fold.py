@@ -16,8 +16,10 @@ from lsan.export.quantize import convert
 KINDS = {
     "sasrec": ("sasrec", {"dim": 16, "layers": 1}),
     "lsan": ("lsan", {"dim": 16, "m1": 0}),
-    "sasrec-pq": ("sasrec", {"dim": 16, "layers": 1, "item_table": "pq", "tables": 4,
-                             "code_size": 16}),  # fmt: skip
+    "sasrec-pq": (
+        "sasrec",
+        {"dim": 16, "layers": 1, "item_table": "pq", "tables": 4, "code_size": 16},
+    ),  # fmt: skip
 }
 
 

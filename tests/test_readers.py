@@ -20,6 +20,7 @@ from lsan.data.readers import (
     read_ml1m,
     read_ml100k,
     read_s3rec,
+    read_titles,
 )
 
 DATA = Path(
@@ -124,6 +125,37 @@ def test_ml1m_without_ratings_dat_explains_download():
     msg = str(err.value)
     assert "ratings.dat" in msg
     assert "lsan data download ml-1m" in msg
+
+
+# ---------------------------------------------------------------- item titles
+
+
+def test_movielens_titles_are_read_from_their_latin1_files():
+    ml100k = read_titles("ml-100k", DATA)
+    assert len(ml100k) == 1682 and set(ml100k) == set(range(1, 1683))
+    assert ml100k[1] == "Toy Story (1995)" and ml100k[543] == "Misérables, Les (1995)"
+    ml1m = read_titles("ml-1m", DATA)
+    assert len(ml1m) == 3883
+    assert ml1m[73] == "Misérables, Les (1995)" and ml1m[582] == "Metisse (Café au Lait) (1993)"
+
+
+@pytest.mark.parametrize("name", ["beauty", "yelp", "lastfm", "video", "synthetic"])
+def test_datasets_without_names_have_no_titles(name):
+    # S3-Rec's item2attributes hold integer ids only; SASRec's pairs nothing at all
+    assert read_titles(name, DATA) == {}
+
+
+def test_titles_are_optional_one_line_and_bounded(tmp_path):
+    assert read_titles("ml-100k", tmp_path) == {}  # no u.item: no titles, not an error
+    (tmp_path / "ml-100k").mkdir()
+    long = "x" * 500
+    (tmp_path / "ml-100k" / "u.item").write_bytes(
+        b"7|A\tB\x85  C (1990)|01-Jan-1990||\n\n8|" + long.encode() + b"|\n"
+    )
+    assert read_titles("ml-100k", tmp_path) == {7: "A B C (1990)", 8: "x" * 200}
+    (tmp_path / "ml-100k" / "u.item").write_text("7|ok|\nseven|bad|\n")
+    with pytest.raises(DataError, match=r"u.item:2: expected an integer id, got 'seven'"):
+        read_titles("ml-100k", tmp_path)
 
 
 # ---------------------------------------------------------------- Amazon (S3-Rec + TiCoSeRec)

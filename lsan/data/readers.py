@@ -281,6 +281,45 @@ S3REC = {
 REAL_DATASETS = ("ml-100k", "ml-1m", *S3REC, "video")
 
 
+# ---------------------------------------------------------------- item titles
+
+MAX_TITLE_CHARS = 200  # a longer title is cut: titles ship to the device inside the artifact
+# where a dataset's titles are: (file under the data root, field separator); id is field 0,
+# title field 1. The S3-Rec (Amazon, Yelp, LastFM) and SASRec files carry no names at all.
+TITLE_FILES = {"ml-100k": ("ml-100k/u.item", "|"), "ml-1m": ("ml-1m/movies.dat", "::")}
+
+
+def read_titles(name: str, root: Path) -> dict[int, str]:
+    """Raw item id -> title, for the datasets whose files name their items (MovieLens u.item and
+    movies.dat, both latin-1); {} for the others or when the file is absent (titles are
+    optional). Control characters become spaces, so a title is always one line."""
+    if name not in TITLE_FILES:
+        return {}
+    rel, sep = TITLE_FILES[name]
+    path = root / rel
+    if not path.is_file():
+        return {}
+    titles: dict[int, str] = {}
+    # split on line feeds only: str.splitlines would also split inside a title at \x85 (NEL)
+    for lineno, line in enumerate(path.read_text("latin-1").split("\n"), 1):
+        if not line.strip():
+            continue
+        parts = line.split(sep)
+        if len(parts) < 2:
+            raise DataError(f"{path}:{lineno}: expected id{sep}title{sep}..., got {line[:60]!r}")
+        try:
+            item = int(parts[0])
+        except ValueError:
+            raise DataError(
+                f"{path}:{lineno}: expected an integer id, got {parts[0][:30]!r}"
+            ) from None
+        if not 0 <= item <= INT64_MAX:
+            raise DataError(f"{path}:{lineno}: {parts[0][:30]} does not fit in a 64-bit id")
+        title = " ".join("".join(c if c.isprintable() else " " for c in parts[1]).split())
+        titles[item] = title[:MAX_TITLE_CHARS]
+    return titles
+
+
 def read_dataset(name: str, root: Path) -> RawData:
     """Read dataset `name` from its folder under `root` (see the data README for the layout)."""
     if name == "ml-100k":
