@@ -7,8 +7,10 @@
 Each row's checkpoint is exported once per format through the one export path (the same graph
 fixes for every model, so optimised is compared with optimised); test HR/NDCG@10 come from
 onnxruntime on that exact file (export's own verification), bytes are every file shipped
-(`artifact_bytes`) beside model.onnx alone. Latency: batch 1, full history, 1 thread, warm
-p50 over rounds that interleave the artifacts. For every artifact the table names the best
+(`artifact_bytes`) beside model.onnx alone. Latency: batch 1, full history, 1 thread, cold
+(one call per artifact in turn) and warm (blocks of calls) p50/p95/p99 over interleaved rounds;
+`p50_ms` is the warm p50. Beside it the floor computed from the graph (benchmarks.floor) and the
+speed against the fastest SASRec artifact that is at least as accurate. For every artifact the table names the best
 SASRec artifact that fits in the same bytes, so "compression" is judged against simply using a
 smaller SASRec. Writes `<name>.json` (a list, one object per artifact with the keys the
 device-frontier issue fixes, plus a `context` object), `<name>.md` and `<name>.png` in --results.
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lsan.artifact import read
+from lsan.artifact import DEFAULT_K, read
 from lsan.benchmarks.env import git_commit
 from lsan.benchmarks.latency import request_feeds
 
@@ -53,22 +55,54 @@ def export_row(
     return {f: p for f, p in folders.items() if (p / "manifest.json").is_file()}
 
 
-def warm_p50(folders: dict[str, Path], rounds: int = 20, calls: int = 20) -> dict[str, float]:
-    """Batch-1 full-history latency, rounds interleaving every artifact, median per artifact."""
+def timings(folders: dict[str, Path], rounds: int = 20, calls: int = 20) -> dict[str, dict]:
+    """Batch-1 full-history latency of every artifact, interleaved, in ms.
+
+    cold: one call per artifact in turn (each call finds the caches holding the other
+    artifacts' weights, as a device serving several models or doing other work would); warm:
+    blocks of `calls` calls per artifact in turn. p50/p95/p99 of each, over `rounds` rounds.
+    """
     arts = {key: read(p) for key, p in folders.items()}
-    times: dict[str, list[float]] = {key: [] for key in arts}
     x = {}
     for key, a in arts.items():
         x[key] = request_feeds(a.meta.info, batch=1, length=a.meta.info.max_len)
         for _ in range(5):
             a.session.run(["top_items"], x[key])
+    cold: dict[str, list[float]] = {key: [] for key in arts}
+    warm: dict[str, list[float]] = {key: [] for key in arts}
     for _ in range(rounds):
+        for _ in range(calls):
+            for key, a in arts.items():
+                t0 = time.perf_counter()
+                a.session.run(["top_items", "top_scores"], x[key])
+                cold[key].append(time.perf_counter() - t0)
         for key, a in arts.items():
             for _ in range(calls):
                 t0 = time.perf_counter()
                 a.session.run(["top_items", "top_scores"], x[key])
-                times[key].append(time.perf_counter() - t0)
-    return {key: float(np.median(t) * 1000) for key, t in times.items()}
+                warm[key].append(time.perf_counter() - t0)
+
+    def pcts(t: list[float]) -> dict[str, float]:
+        ms = np.asarray(t) * 1000
+        return {f"p{q}": float(np.percentile(ms, q)) for q in (50, 95, 99)}
+
+    return {key: {"cold": pcts(cold[key]), "warm": pcts(warm[key])} for key in arts}
+
+
+def floors(folders: dict[str, Path], k: int) -> dict[str, dict]:
+    """Each artifact's graph work and floor (benchmarks.floor), one set of reference points."""
+    from lsan.benchmarks import floor
+
+    arts = {key: read(p) for key, p in folders.items()}
+    some = next(iter(arts.values())).meta.info
+    ref = floor.references(some.num_items + 1, k, 64 << 20)
+    out = {}
+    for key, a in arts.items():
+        x = request_feeds(a.meta.info, batch=1, length=a.meta.info.max_len)
+        work = floor.graph_work(folders[key] / "model.onnx", x)
+        out[key] = work | floor.floor(work, ref, a.meta.quantization.startswith("int8"))
+    out["_reference"] = {k: v for k, v in ref.items() if k != "bandwidth"}
+    return out
 
 
 def describe_row(name: str, ckpt: Path, fmt: str, folder: Path) -> dict[str, Any]:
@@ -111,6 +145,12 @@ def compare(points: list[dict[str, Any]], reference: str) -> None:
         p["best_sasrec_within_bytes"] = f"{best['name']} {best['format']}" if best else None
         if best is not None and p["test_ndcg10"] is not None and best["test_ndcg10"]:
             p["vs_best_sasrec_within_bytes"] = p["test_ndcg10"] / best["test_ndcg10"] - 1
+        # speed against the fastest SASRec artifact at least as accurate (optimised vs optimised)
+        if p["test_ndcg10"] is not None:
+            good = [s for s in sasrec if s["test_ndcg10"] >= p["test_ndcg10"] and s is not p]
+            fast = min(good, key=lambda s: s["p50_ms"], default=None)
+            p["fastest_sasrec_as_accurate"] = f"{fast['name']} {fast['format']}" if fast else None
+            p["speedup_vs_that_sasrec"] = fast["p50_ms"] / p["p50_ms"] if fast else None
 
 
 def table(points: list[dict[str, Any]], reference: str) -> str:
@@ -132,6 +172,29 @@ def table(points: list[dict[str, Any]], reference: str) -> str:
             f"| {ndcg} | {hr} | {pct(None if rel is None else rel - 1, True)} "
             f"| {p['best_sasrec_within_bytes'] or '–'} "
             f"| {pct(p.get('vs_best_sasrec_within_bytes'), True)} | {p['p50_ms']:.3f} | {p['epochs']} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def latency_table(points: list[dict[str, Any]], reference: str) -> str:
+    """Cold and warm percentiles, the floor from the graph, and speed against the fastest SASRec
+    artifact that is at least as accurate (and against the reference's fp32 file)."""
+    ref = next((p for p in points if p["name"] == reference and p["format"] == "fp32"), None)
+    head = ("| artifact | format | cold p50 / p95 / p99 ms | warm p50 / p95 / p99 ms | nodes "
+            "| MFLOP | KB read | floor ms | warm p50 / floor | vs " + reference + " fp32 "
+            "| fastest SASRec as accurate | speed vs it |\n|" + "---|" * 12 + "\n")  # fmt: skip
+    lines = []
+    for p in sorted(points, key=lambda p: p["p50_ms"]):
+        c, w = p["cold"], p["warm"]
+        vs_ref = f"{ref['p50_ms'] / p['p50_ms']:.2f}x" if ref else "–"
+        speed = p.get("speedup_vs_that_sasrec")
+        lines.append(
+            f"| {p['name']} | {p['format']} | {c['p50']:.3f} / {c['p95']:.3f} / {c['p99']:.3f} "
+            f"| {w['p50']:.3f} / {w['p95']:.3f} / {w['p99']:.3f} | {p['nodes']} "
+            f"| {p['flops'] / 1e6:.1f} | {p['bytes_read'] / 1e3:,.0f} | {p['floor_ms']:.3f} "
+            f"| {p['p50_ms'] / p['floor_ms']:.1f}x | {vs_ref} "
+            f"| {p.get('fastest_sasrec_as_accurate') or '–'} "
+            f"| {'–' if speed is None else f'{speed:.2f}x'} |"
         )
     return head + "\n".join(lines) + "\n"
 
@@ -174,6 +237,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="artifacts/frontier", help="where the artifacts are written")
     p.add_argument("--data-dir", default="")
     p.add_argument("--rounds", type=int, default=20, help="latency rounds (x 20 calls each)")
+    p.add_argument("--k", type=int, default=DEFAULT_K, help="top-K exported (the floor's TopK)")
     return p
 
 
@@ -194,9 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         for fmt, folder in export_row(name, ckpt, args.formats, work, args.data_dir).items():
             folders[f"{name}/{fmt}"] = folder
             points.append(describe_row(name, ckpt, fmt, folder))
-    p50 = warm_p50(folders, rounds=args.rounds)
+    times = timings(folders, rounds=args.rounds)
+    work = floors(folders, args.k)
     for p in points:
-        p["p50_ms"] = p50[f"{p['name']}/{p['format']}"]
+        key = f"{p['name']}/{p['format']}"
+        p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **work[key]}
+        p["p50_ms"] = times[key]["warm"]["p50"]
         p["commit"] = commit()
     compare(points, args.reference)
     out = Path(args.results)
@@ -208,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
               for p in points]  # fmt: skip
     for r in record:
         r["context"]["frontier_command"] = command
+        r["context"]["floor_reference"] = work["_reference"]
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
-    md = table(points, args.reference)
+    md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
     (out / f"{args.name}.md").write_text(f"# {args.name}\n\n`{command}`\n\n{md}")
     plot(points, out / f"{args.name}.png", args.name)
     print(md)

@@ -1,0 +1,154 @@
+"""The floor of one request on this CPU, from the graph onnxruntime actually runs.
+
+For an artifact's model.onnx at batch 1 and a full history:
+- the graph after onnxruntime's load-time optimisation (constant folding and fusions, so
+  decoders of quantized constants are gone and fused kernels count once): its node count and
+  the bytes of every constant a request reads (a lookup table only its looked-up rows);
+- FLOPs from one profiled run: 2 x output elements x inner size for every matrix product
+  (MatMul, Gemm, MatMulInteger, MatMulNBits, the fused int8 forms), the shapes the profiler saw;
+- measured reference points: onnxruntime's cost per node (a chain of tiny Adds), the single-core
+  peak FLOP/s and the copy bandwidth at the working set (benchmarks.bound), and a TopK of k over
+  the catalogue's scores on its own.
+floor = nodes x per-node cost + max(FLOPs / peak, bytes / bandwidth): what a request could cost
+if onnxruntime ran each kernel at machine speed; measured / floor says how far from it we are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+MATMULS = ("MatMul", "FusedMatMul", "MatMulInteger", "MatMulIntegerToFloat",
+           "DynamicQuantizeMatMul", "MatMulNBits", "Gemm", "QGemm", "MatMulFpQ4")  # fmt: skip
+LOOKUPS = ("Gather", "GatherBlockQuantized")
+
+
+def _options(threads: int = 1) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = threads
+    opts.log_severity_level = 3
+    return opts
+
+
+def _median_call(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], n: int = 200) -> float:
+    for _ in range(10):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def per_node_seconds(nodes: int = 64) -> float:
+    """onnxruntime's cost of one cheap node: a chain of `nodes` Adds on one float, per node."""
+    from onnx import helper
+
+    f = onnx.TensorProto.FLOAT
+    chain = [helper.make_node("Add", [f"x{i}", "one"], [f"x{i + 1}"]) for i in range(nodes)]
+    g = helper.make_graph(chain, "chain", [helper.make_tensor_value_info("x0", f, [1])],
+                          [helper.make_tensor_value_info(f"x{nodes}", f, [1])],
+                          [helper.make_tensor("one", f, [1], [1.0])])  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    sess = ort.InferenceSession(
+        m.SerializeToString(), _options(), providers=["CPUExecutionProvider"]
+    )
+    return _median_call(sess, {"x0": np.zeros(1, np.float32)}) / nodes
+
+
+def topk_seconds(num_scores: int, k: int) -> float:
+    """A TopK of k over one row of `num_scores` float scores, alone in a session."""
+    from onnx import helper
+
+    f = onnx.TensorProto.FLOAT
+    g = helper.make_graph(
+        [helper.make_node("TopK", ["s", "k"], ["v", "i"])], "topk",
+        [helper.make_tensor_value_info("s", f, [1, num_scores])],
+        [helper.make_tensor_value_info("v", f, [1, k]),
+         helper.make_tensor_value_info("i", onnx.TensorProto.INT64, [1, k])],
+        [helper.make_tensor("k", onnx.TensorProto.INT64, [1], [k])],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    sess = ort.InferenceSession(
+        m.SerializeToString(), _options(), providers=["CPUExecutionProvider"]
+    )
+    s = np.random.default_rng(0).normal(size=(1, num_scores)).astype(np.float32)
+    return _median_call(sess, {"s": s})
+
+
+def references(num_scores: int, k: int, max_bytes: int) -> dict[str, Any]:
+    """The measured reference points every floor of this run uses."""
+    from lsan.benchmarks.bound import machine_peak
+    from lsan.benchmarks.env import environment
+
+    peak = machine_peak(environment(""), max_bytes)
+    return {"per_node_us": per_node_seconds() * 1e6, "topk_us": topk_seconds(num_scores, k) * 1e6,
+            "peak_gflops_1core": peak["peak_gflops_1core"], "int8_factor": peak["int8_factor"],
+            "bandwidth": peak["bandwidth"]}  # fmt: skip
+
+
+def _dims(shape: list[dict[str, int]] | list[int]) -> list[int]:
+    out = []
+    for d in shape:
+        out.append(int(next(iter(d.values()))) if isinstance(d, dict) else int(d))
+    return out
+
+
+def graph_work(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Node count, constant bytes read and matrix FLOPs of one request on the loaded graph."""
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = _options()
+        opts.optimized_model_filepath = str(Path(tmp) / "loaded.onnx")
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tmp) / "profile")
+        sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+        sess.run(None, feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+        loaded = onnx.load(str(Path(tmp) / "loaded.onnx"), load_external_data=False)
+    sizes = {i.name: (list(i.dims), onnx.helper.tensor_dtype_to_np_dtype(i.data_type).itemsize)
+             for i in loaded.graph.initializer}  # fmt: skip
+    read = 0.0
+    for name, (dims, item) in sizes.items():
+        lookup = [n for n in loaded.graph.node if n.op_type in LOOKUPS and n.input[0] == name]
+        rows = max(dims[0], 1) if dims else 1
+        row_bytes = (math.prod(dims) * item) / rows
+        if lookup and all(n.op_type in LOOKUPS for n in loaded.graph.node if name in n.input):
+            looked_up = sum(int(np.prod(feeds["items"].shape)) for _ in lookup)
+            read += min(rows, looked_up) * row_bytes
+        else:
+            read += math.prod(dims) * item
+    flops = 0
+    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    for e in kernels:
+        args = e.get("args", {})
+        if args.get("op_name") not in MATMULS:
+            continue
+        ins = [_dims(next(iter(x.values()))) for x in args.get("input_type_shape", [])]
+        outs = [_dims(next(iter(x.values()))) for x in args.get("output_type_shape", [])]
+        if not ins or not outs:
+            continue
+        inner = ins[0][-1] if args["op_name"] != "Gemm" or not ins[0] else ins[0][-1]
+        flops += 2 * int(np.prod(outs[0])) * inner
+    return {"nodes": len(loaded.graph.node), "kernels_run": len(kernels),
+            "bytes_read": int(read), "flops": int(flops)}  # fmt: skip
+
+
+def floor(work: dict[str, Any], ref: dict[str, Any], int8: bool) -> dict[str, Any]:
+    """The floor in ms of a request whose graph does `work`, at the reference points `ref`."""
+    from lsan.benchmarks.bound import bandwidth_at
+
+    gflops = ref["peak_gflops_1core"] * (ref["int8_factor"] if int8 else 1)
+    compute = work["flops"] / (gflops * 1e9)
+    memory = work["bytes_read"] / bandwidth_at(ref["bandwidth"], work["bytes_read"])
+    overhead = work["nodes"] * ref["per_node_us"] * 1e-6
+    return {"floor_ms": (overhead + max(compute, memory)) * 1000, "compute_us": compute * 1e6,
+            "memory_us": memory * 1e6, "overhead_us": overhead * 1e6}  # fmt: skip

@@ -1,0 +1,67 @@
+"""The device frontier benchmark end to end on tiny checkpoints: keys, floors, comparisons."""
+
+import json
+
+import pytest
+from conftest import train_tiny
+
+from lsan.benchmarks import device_frontier, floor
+from lsan.benchmarks.device_frontier import RESULT_KEYS
+
+
+@pytest.fixture(scope="module")
+def frontier(small_ds, tmp_path_factory):
+    root = tmp_path_factory.mktemp("frontier")
+    big = train_tiny("sasrec", {"dim": 16, "layers": 1}, small_ds, root / "big")
+    small = train_tiny("sasrec", {"dim": 8, "layers": 1}, small_ds, root / "small")
+    codes = train_tiny("sasrec", {"dim": 16, "layers": 1, "item_table": "codes", "tables": 2,
+                                  "code_size": 16, "own_rows": 20}, small_ds, root / "codes")  # fmt: skip
+    export_all = device_frontier.export_row
+
+    def export_row(name, ckpt, formats, work, data_dir):  # the generated data, not a dataset dir
+        from lsan.export.export import export
+
+        base = work / name
+        export(ckpt, base, formats=tuple(formats), every_format=base, force=True, k=20,
+               ds=small_ds, log=lambda *a: None)  # fmt: skip
+        return {f: base.with_name(f"{base.name}-{f}") for f in formats}
+
+    device_frontier.export_row = export_row
+    try:
+        code = device_frontier.main(
+            ["--name", "tiny", "--results", str(root / "results"), "--work", str(root / "art"),
+             "--rounds", "2", "--formats", "fp32", "int8", "--reference", "big",
+             "--row", f"big={big}", "--row", f"small={small}", "--row", f"codes={codes}"]
+        )  # fmt: skip
+    finally:
+        device_frontier.export_row = export_all
+    assert code == 0
+    return root / "results"
+
+
+def test_every_artifact_has_the_fixed_keys_and_a_floor(frontier):
+    rows = json.loads((frontier / "tiny.json").read_text())
+    assert len(rows) == 6  # 3 rows x 2 formats
+    for r in rows:
+        assert list(r)[: len(RESULT_KEYS)] == list(RESULT_KEYS)
+        c = r["context"]
+        assert 0 < c["floor_ms"] < r["p50_ms"] * 10 and c["nodes"] > 10 and c["flops"] > 0
+        assert c["cold"]["p50"] <= c["cold"]["p99"] and c["warm"]["p50"] == r["p50_ms"]
+        assert r["artifact_bytes"] > r["model_onnx_bytes"] > 0
+    codes = [r for r in rows if r["name"] == "codes"]
+    assert all(r["item_table"] == "codes 2x16 (popularity) +20 own" for r in codes)
+    md = (frontier / "tiny.md").read_text()
+    assert "fastest SASRec as accurate" in md and "warm p50 / floor" in md
+    assert (frontier / "tiny.png").stat().st_size > 10_000
+
+
+def test_the_floor_counts_what_a_request_reads():
+    """A lookup reads its rows, a product its whole weight; the per-node cost is measurable."""
+    assert 0 < floor.per_node_seconds() < 1e-4
+    work = {"nodes": 10, "bytes_read": 1 << 20, "flops": 10**6}
+    ref = {"per_node_us": 1.0, "peak_gflops_1core": 100.0, "int8_factor": 4,
+           "bandwidth": [{"bytes": 1 << 30, "gb_per_s": 10.0}]}  # fmt: skip
+    got = floor.floor(work, ref, int8=False)
+    assert got["overhead_us"] == pytest.approx(10.0)
+    assert got["memory_us"] == pytest.approx((1 << 20) / 10e9 * 1e6)
+    assert got["floor_ms"] == pytest.approx((10.0 + max(got["memory_us"], 10.0)) / 1000)
