@@ -27,7 +27,7 @@ from lsan.data.prepare import SeqDataset, data_root, load_dataset
 from lsan.data.readers import DataError, read_titles
 from lsan.export import ExportError, place
 from lsan.export.graph import OPSET, embed_properties, export_fp32
-from lsan.export.quantize import FORMATS, calibration_feeds, convert, quantized_ops
+from lsan.export.quantize import AUTO_FORMATS, FORMATS, calibration_feeds, convert, quantized_ops
 from lsan.export.record import artifact_tables, describe, describe_artifact
 from lsan.export.verify import choose, pytorch_metrics, verify
 from lsan.models.objectives import uses_users
@@ -37,7 +37,7 @@ def export(
     ckpt: str | Path, out: str | Path, quant: str = "auto", k: int = artifact.DEFAULT_K, max_drop: float = 0.02,
     force: bool = False, data_dir: str = "", cache_dir: str = "", evaluate_data: bool = True,
     log: Callable[..., None] = print, ds: SeqDataset | None = None,
-    formats: tuple[str, ...] = FORMATS, every_format: Path | None = None,
+    formats: tuple[str, ...] = AUTO_FORMATS, every_format: Path | None = None,
     hook: Callable[[str], None] = lambda stage: None,
 ) -> ArtifactMeta:  # fmt: skip
     """Export checkpoint `ckpt` to artifact directory `out`; returns its metadata.

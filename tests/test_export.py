@@ -15,7 +15,7 @@ from lsan.checkpoint import load_model
 from lsan.export import ExportError
 from lsan.export.export import export, main
 from lsan.export.graph import InferenceGraph, example_inputs
-from lsan.export.quantize import FORMATS
+from lsan.export.quantize import AUTO_FORMATS
 from lsan.models.layers import NEG as MODEL_NEG
 
 KINDS = {
@@ -51,7 +51,7 @@ def test_artifact_matches_pytorch(name, checkpoints, artifacts):
     assert opened.meta == meta
     fp32 = meta.parity["fp32"]
     assert fp32.max_abs_score_diff <= 1e-4 and fp32.top10_identical and fp32.batch_invariant
-    assert set(meta.parity) == set(FORMATS)  # every format was tried (int4 too)
+    assert set(meta.parity) == set(AUTO_FORMATS)  # every auto format was tried (int4 too)
     # the shipped artifact reproduces PyTorch's recommendations on a fresh batch
     model, _, info = load_model(checkpoints[name])
     x = example_inputs(info, batch=5, length=9, seed=7)

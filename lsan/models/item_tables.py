@@ -316,7 +316,10 @@ class CodeTable(_Composed):
         file holds the codes once, as the same (N, |V|+1) constant `base` reads (export stores
         it uint8 and merges identical constants); the large axis is last, onnxruntime's fast
         layout. Product-quantized books (`pq`) score their own dims in one batched matmul
-        (N, P, D/N) x (N, D/N, m). Unequal books (a hybrid own-rows book) gather book by book.
+        (N, P, D/N) x (N, D/N, m). Unequal books (a hybrid own-rows book) are scored book by book
+        and padded to the largest, so the same single GatherElements reads them (indexing a
+        book's scores by its code row instead exports as GatherND or Gather along axis 1, which
+        onnxruntime runs ~4x slower over |V| entries).
         """
         lead, d = h.shape[:-1], h.shape[-1]
         flat = h.reshape(-1, d)
@@ -328,12 +331,13 @@ class CodeTable(_Composed):
             else:  # (N, P, w) @ (N, w, m) -> (P, N, m)
                 per_book = flat.view(-1, n_books, self.widths[0]).transpose(0, 1)
                 s = (per_book @ torch.stack(list(self.tables)).transpose(1, 2)).transpose(0, 1)
-            parts = s.gather(2, codes.unsqueeze(0).expand(s.shape[0], -1, -1))  # (P, N, |V|+1)
-        else:
-            parts = torch.stack(
-                [F.linear(self.part(flat, n), t)[:, codes[n]] for n, t in enumerate(self.tables)],
-                dim=1,
-            )
+        else:  # each book's scores padded to the largest book: one gather serves them all
+            top = max(self.sizes)
+            s = torch.stack(
+                [F.pad(F.linear(self.part(flat, n), t), (0, top - m))
+                 for n, (t, m) in enumerate(zip(self.tables, self.sizes, strict=True))], dim=1,
+            )  # fmt: skip
+        parts = s.gather(2, codes.unsqueeze(0).expand(s.shape[0], -1, -1))  # (P, N, |V|+1)
         if self.item_weights is not None:
             parts = parts * self.item_weights.T
         total = parts.sum(1)
