@@ -295,10 +295,17 @@ def keep_reason(
     return None
 
 
+def fitted_block(shape: tuple[int, ...], block: int) -> int:
+    """`block`, or 16 (the kernels' smallest) for a tensor with a side that 16 divides but
+    `block` does not: a D = 16 table then blocks its rows instead of staying float."""
+    return 16 if block > 16 and any(d % block and d % 16 == 0 for d in shape) else block
+
+
 def rewrite(init: TensorProto, uses: dict, outputs: set[str], block: int, edit: Edit) -> list[str]:
     """Replace every use of float initializer `init` by a 4-bit kernel or a load-time decoder;
     returns how it is now read."""
     x = numpy_helper.to_array(init).astype(np.float32)
+    block = fitted_block(x.shape, block)
     stored: dict[int, tuple[Blocks, str]] = {}
 
     def codes(axis: int) -> tuple[Blocks, str]:

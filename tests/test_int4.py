@@ -14,6 +14,7 @@ from lsan.export.graph import example_inputs, export_fp32
 from lsan.export.int4 import (
     block_axis,
     dequantize_blocks,
+    fitted_block,
     pack_nibbles,
     quantize_blocks,
     quantize_int4,
@@ -214,3 +215,20 @@ def test_settings_are_checked(exported, tmp_path):
         quantize_int4(exported["sasrec"], tmp_path / "x.onnx", block_size=24)
     with pytest.raises(ValueError, match="accuracy_level"):
         quantize_int4(exported["sasrec"], tmp_path / "x.onnx", accuracy_level=7)
+
+
+def test_a_width_16_table_is_blocked_by_16_not_left_float(tmp_path):
+    """D = 16 rows do not split into blocks of 32: they use blocks of 16, so int4 stays smallest."""
+    assert fitted_block((3001, 16), 32) == 16 and fitted_block((3001, 64), 32) == 32
+    assert fitted_block((3001, 24), 32) == 32  # 16 does not divide 24 either: unchanged
+    torch.manual_seed(0)
+    model = build_model("sasrec", {"dim": 16, "layers": 1}, INFO).eval()
+    export_fp32(model, INFO, tmp_path / "fp32.onnx", k=10)
+    report = quantize_int4(tmp_path / "fp32.onnx", tmp_path / "int4.onnx")
+    floats = [i.name for i in onnx.load(str(tmp_path / "int4.onnx")).graph.initializer
+              if i.data_type == TensorProto.FLOAT and int(np.prod(i.dims)) >= INFO.num_items
+              and not i.name.endswith(".scales")]  # fmt: skip
+    assert floats == []  # the item table is 4-bit, not float (one fp32 scale per 16 values)
+    assert weight_bytes(tmp_path / "int4.onnx") < weight_bytes(tmp_path / "fp32.onnx") / 4  # < int8
+    reads = {h for q in report["quantized"].values() for h in q["read_as"]}
+    assert "Gather->GatherBlockQuantized" in reads
