@@ -84,11 +84,7 @@ def integer_scoring(model: onnx.ModelProto) -> int:
             helper.make_node("Mul", [p + "_f", p + "_s"], [node.output[0]]),
         ]
         done += 1
-    if done:
-        del graph.node[:]
-        graph.node.extend(new_nodes)
-        prune(model)
-    return done
+    return _replaced(model, new_nodes, done)
 
 
 def foldable_decoders(model: onnx.ModelProto) -> int:
@@ -112,11 +108,16 @@ def foldable_decoders(model: onnx.ModelProto) -> int:
             centred = out + "_c"
         new_nodes.append(helper.make_node("Mul", [centred, scale], [out]))
         done += 1
-    if done:
-        del graph.node[:]
-        graph.node.extend(new_nodes)
+    return _replaced(model, new_nodes, done)
+
+
+def _replaced(model: onnx.ModelProto, nodes: list[onnx.NodeProto], count: int) -> int:
+    """Install the rewritten node list (if anything was rewritten) and drop what became unused."""
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
         prune(model)
-    return done
+    return count
 
 
 def prune(model: onnx.ModelProto) -> None:
