@@ -145,7 +145,7 @@ MODEL_BAD = {
         ("sideways", "unknown attention 'sideways' (known: causal, bidirectional, local)")
     ],
     "train_scores": [("fast", "unknown train_scores 'fast' (known: factorised, matrix)")],
-    "item_table": [("hash", "unknown item_table 'hash' (known: full, qr, codes)")],
+    "item_table": [("hash", "unknown item_table 'hash' (known: full, qr, codes, pq)")],
     "codes_from": [
         ("random", "unknown codes_from 'random' (known: arithmetic, popularity, teacher)")
     ],
