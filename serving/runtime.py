@@ -49,6 +49,7 @@ class Artifact:
         self.category = t.item_category
         self.titles = t.item_titles  # title of each item index, None when the dataset has none
         self.popular = t.popular_items.tolist()
+        self.popular_raw = t.raw_item_ids[t.popular_items].tolist()  # the cold-start answer
         self.slot_rule = self.meta.time_slot_rule
         self.max_len, self.k_max = self.meta.contract.max_len, self.meta.contract.k
         self.row_by_row = not self.meta.batch_invariant
@@ -63,34 +64,29 @@ class Artifact:
         """Raw histories -> model feeds; also the unknown ids and known-item count per user."""
         rows, unknown, known_counts = [], [], []
         for hist in histories:
-            idx = self.indices([item for item, _ in hist])
-            unknown.append([int(item) for (item, _), i in zip(hist, idx, strict=True) if i == 0])
-            kept = [(int(i), ts) for i, (_, ts) in zip(idx, hist, strict=True) if i != 0]
-            known_counts.append(len(kept))
-            rows.append(kept)
+            raw = np.fromiter((item for item, _ in hist), dtype=np.int64, count=len(hist))
+            ts = np.fromiter(
+                (-1 if s is None else int(s) for _, s in hist), dtype=np.int64, count=len(hist)
+            )
+            idx = self.indices(raw)
+            known = idx != 0
+            unknown.append(raw[~known].tolist())
+            known_counts.append(int(known.sum()))
+            rows.append((idx[known], ts[known]))
         b = len(rows)
         t = self.max_len  # always the training length: scores then match training exactly
         # the exclude width in powers of two (PAD entries exclude nothing): few distinct input
         # shapes, so onnxruntime's per-shape buffers stay few
-        e = (
-            1 << (max(1, max((len(r) for r in rows), default=1)) - 1).bit_length()
-            if exclude_seen
-            else 1
-        )
+        e = 1 << (max(1, max(known_counts, default=1)) - 1).bit_length() if exclude_seen else 1
         items = np.zeros((b, t), dtype=np.int64)
         slots = np.zeros((b, t), dtype=np.int64)
         exclude = np.zeros((b, e), dtype=np.int64)
-        for r, kept in enumerate(rows):
-            if not kept:
+        for r, (ids, ts) in enumerate(rows):
+            n = min(len(ids), t)  # keep the most recent max_len
+            if n == 0:
                 continue
-            ids = np.fromiter((i for i, _ in kept), dtype=np.int64, count=len(kept))
-            ts = np.fromiter(
-                (-1 if s is None else int(s) for _, s in kept), dtype=np.int64, count=len(kept)
-            )
-            recent = slice(max(0, len(kept) - t), len(kept))  # keep the most recent max_len
-            n = recent.stop - recent.start
-            items[r, t - n :] = ids[recent]
-            slots[r, t - n :] = time_slots(ts[recent], self.slot_rule)
+            items[r, t - n :] = ids[len(ids) - n :]
+            slots[r, t - n :] = time_slots(ts[len(ts) - n :], self.slot_rule)
             if exclude_seen:
                 exclude[r, : len(ids)] = ids
         cats = np.where(items == PAD, PAD, self.category[items])
@@ -101,9 +97,9 @@ class Artifact:
             known_counts,
         )
 
-    def indices(self, raw_ids: list[int]) -> np.ndarray:
+    def indices(self, raw_ids: list[int] | np.ndarray) -> np.ndarray:
         """Item index of each raw id, 0 for an id not in the catalogue."""
-        ids = np.fromiter(raw_ids, dtype=np.int64, count=len(raw_ids))
+        ids = np.asarray(raw_ids, dtype=np.int64)
         pos = np.minimum(np.searchsorted(self.sorted_ids, ids), len(self.sorted_ids) - 1)
         return np.where(self.sorted_ids[pos] == ids, self.order[pos] + 1, 0)
 
@@ -111,25 +107,37 @@ class Artifact:
         self, histories: list[History], k: int = 10, exclude_seen: bool = True
     ) -> list[Result]:
         """Top-k raw item ids and scores for each history."""
+        return self.recommend_timed(histories, k, exclude_seen)[0]
+
+    def recommend_timed(
+        self, histories: list[History], k: int = 10, exclude_seen: bool = True
+    ) -> tuple[list[Result], float]:
+        """`recommend`, and the seconds spent in onnxruntime (every session run summed): the
+        model's share of the answer, which the server reports next to its own total."""
         if not 1 <= k <= self.k_max:
             raise ValueError(f"k must be between 1 and {self.k_max}")
         if self.row_by_row and len(histories) > 1:
-            return [self.recommend([h], k, exclude_seen)[0] for h in histories]
+            results, model_s = [], 0.0
+            for h in histories:
+                (res,), s = self.recommend_timed([h], k, exclude_seen)
+                results.append(res)
+                model_s += s
+            return results, model_s
         feeds, unknown, known = self.encode(histories, exclude_seen)
+        t0 = time.perf_counter()
         top_items, top_scores = self.session.run(["top_items", "top_scores"], feeds)
+        model_s = time.perf_counter() - t0
         results = []
         for r in range(len(histories)):
             if known[r] == 0:
-                pop = self.popular[:k]
-                results.append(
-                    Result([(int(self.raw_ids[i]), 0.0) for i in pop], unknown[r], "popular")
-                )
+                pop = [(i, 0.0) for i in self.popular_raw[:k]]
+                results.append(Result(pop, unknown[r], "popular"))
                 continue
             real = top_scores[r, :k] > NEG / 2  # fewer than k unseen items left: drop masked ones
-            ids, scores = top_items[r, :k][real], top_scores[r, :k][real]
-            pairs = [(int(self.raw_ids[i]), float(s)) for i, s in zip(ids, scores, strict=True)]
-            results.append(Result(pairs, unknown[r]))
-        return results
+            ids = self.raw_ids[top_items[r, :k][real]].tolist()
+            scores = top_scores[r, :k][real].tolist()
+            results.append(Result(list(zip(ids, scores, strict=True)), unknown[r]))
+        return results, model_s
 
     def warm_up(self, requests: int = 21, budget_s: float = 1.0) -> list[float]:
         """Full-length requests (distinct catalogue items, k max, seen items excluded), so the

@@ -26,3 +26,4 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=1)  # larger request bodies get 413
     host: str = "127.0.0.1"  # interface `serve` binds to
     port: int = Field(default=8000, ge=0, le=65535)  # TCP port `serve` listens on (0: any free)
+    access_log: bool = False  # one log line per request (uvicorn's); off: it costs CPU per request

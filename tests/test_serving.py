@@ -31,9 +31,12 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 from lsan.artifact import MODEL, read
+from lsan.benchmarks import serve_load
 from lsan.export.export import export
+from lsan.serving import app as app_module
 from lsan.serving.app import create_app, serve
 from lsan.serving.runtime import ArtifactError, load_artifact
+from lsan.serving.schemas import RecommendResponse
 from lsan.serving.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -227,6 +230,66 @@ def test_metrics_count_requests_by_route_and_status(client):
     assert counter(text, "lsan_http_request_duration_seconds_count", route="/recommend") >= 2
     assert counter(text, "lsan_recommendations_total", fallback="popular") >= 1
     assert counter(text, "lsan_model_ready") == 1
+
+
+def timing(response: httpx.Response) -> dict[str, float]:
+    """Server-Timing `name;dur=ms, ...` as {name: ms}."""
+    parts = (p.strip().partition(";dur=") for p in response.headers["server-timing"].split(","))
+    return {name: float(ms) for name, _, ms in parts}
+
+
+def test_server_timing_says_the_model_and_the_total(client, catalogue):
+    r = client.post("/recommend", json={"history": history(catalogue[:10]), "k": 5})
+    t = timing(r)
+    assert set(t) == {"model", "total"}
+    assert 0 < t["model"] <= r.json()["latency_ms"] <= t["total"]  # model <= route <= server
+    batch = {"requests": [{"history": history(catalogue[:5])},
+                          {"history": history(catalogue[5:9]), "exclude_seen": False}]}  # fmt: skip
+    r = client.post("/recommend/batch", json=batch)
+    t = timing(r)
+    assert 0 < t["model"] <= r.json()["latency_ms"] <= t["total"]
+    for r in (client.get("/health"), client.post("/recommend", json={"history": [], "k": 0})):
+        assert set(timing(r)) == {"total"} and timing(r)["total"] > 0
+
+
+def test_the_fast_path_answers_as_the_framework_does(client, catalogue, monkeypatch):
+    """A plain `application/json` body is answered by the fast path; another JSON media type
+    goes through FastAPI's route: the same answer either way."""
+    calls: list[int] = []
+    real = app_module.recommend
+    monkeypatch.setattr(app_module, "recommend", lambda *a: calls.append(1) or real(*a))
+    body = json.dumps({"history": [*history(catalogue[3:30]), {"item_id": 10**9}], "k": 9})
+    fast = client.post("/recommend", content=body, headers={"content-type": "application/json"})
+    assert calls == [1]  # FastAPI's route holds the original function, not this spy
+    slow = client.post(
+        "/recommend", content=body, headers={"content-type": "application/json; charset=utf-8"}
+    )
+    assert calls == [1]
+    assert fast.status_code == slow.status_code == 200
+    assert fast.headers["content-type"] == slow.headers["content-type"] == "application/json"
+    a, b = fast.json(), slow.json()
+    assert a.pop("latency_ms") > 0 and b.pop("latency_ms") > 0
+    assert a == b and a["unknown_items"] == [10**9] and len(a["items"]) == 9
+    schema = RecommendResponse.model_validate_json(fast.content)
+    assert schema.model_dump(exclude={"latency_ms"}) == a
+    # a request the fast path cannot answer is the framework's, with the body replayed
+    bad = client.post("/recommend", content=body.replace('"k": 9', '"k": 99'),
+                      headers={"content-type": "application/json"})  # fmt: skip
+    assert bad.status_code == 422 and "at most 20" in bad.json()["message"] and calls == [1, 1]
+
+
+def test_an_error_on_the_fast_path_is_the_json_500(artifact, monkeypatch):
+    with TestClient(create_app(Settings(artifact=artifact)), raise_server_exceptions=False) as c:
+
+        def boom(*args, **kwargs):
+            raise RuntimeError("secret internals")
+
+        monkeypatch.setattr(c.app.state.artifact, "recommend_timed", boom)
+        r = c.post("/recommend", json={"history": []})
+        assert r.status_code == 500 and r.json() == {"message": "internal server error"}
+        text = c.get("/metrics").text
+        assert counter(text, "lsan_http_exceptions_total", route="/recommend") == 1
+        assert counter(text, "lsan_http_requests_total", route="/recommend", status="500") == 1
 
 
 def test_apps_have_their_own_settings_and_registries(artifact, monkeypatch):
@@ -521,6 +584,41 @@ def test_bounded_load_has_no_errors_and_flat_memory(server, catalogue):
     text = httpx.get(f"{url}/metrics").text
     ok = counter(text, "lsan_http_requests_total", route="/recommend", method="POST", status="200")
     assert ok >= 400 and elapsed < 60
+
+
+def test_load_generator_keeps_its_rate_against_the_real_server(server, catalogue):
+    """Open loop at 50/s for 2 s on 127.0.0.1: on schedule, no errors, every answer timed."""
+    url, proc = server
+    port = int(url.rsplit(":", 1)[1])
+    rng = random.Random(1)
+    bodies = [serve_load.request_bytes("/recommend", {"history": history(rng.sample(catalogue, 8)),
+                                                      "k": 5}) for _ in range(20)]  # fmt: skip
+    got = serve_load.load(port, bodies * 5, rate=50.0, server_pid=proc.pid)
+    assert got["errors"] == 0 and got["ok"] == 100, got["errors_by_kind"]
+    assert got["achieved_rate"] == pytest.approx(50, rel=0.05)
+    assert got["seconds"] < 10 and got["lateness_ms"]["p50"] < 5
+    model, total, client = got["server_model_ms"], got["server_total_ms"], got["client_ms"]
+    assert model["n"] == total["n"] == got["server_route_ms"]["n"] == 100
+    assert 0 < model["p50"] <= total["p50"] <= client["p50"]
+    assert got["server_overhead_ms"]["min"] >= 0  # every answer: model <= total
+    assert got["server_cpu_us_per_request"] > 0 and got["client_cpu_us_per_request"] > 0
+    missing = serve_load.load(port, [serve_load.request_bytes("/nope", {})] * 10, rate=100.0)
+    assert missing["errors_by_kind"] == {"HTTP 404": 10}
+
+
+def test_serving_benchmark_writes_its_record(artifact, tmp_path):
+    argv = [str(artifact), "--rate", "40", "80", "--duration", "1", "--history", "5",
+            "--name", "t", "--out", str(tmp_path)]  # fmt: skip
+    assert serve_load.main(argv) == 0
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert [p["target_rate"] for p in record["phases"]] == [40, 80]
+    assert all(p["errors"] == 0 and p["ok"] == p["requests"] for p in record["phases"])
+    env = record["environment"]
+    assert env["command"] == "python -m benchmarks.serve_load " + " ".join(argv)
+    assert "commit" in env and env["machine"]["cores"] >= 1
+    assert record["bare"]["session_run_ms"]["n"] > 0
+    table = (tmp_path / "t.md").read_text()
+    assert "| 40 (" in table and "| 80 (" in table
 
 
 def test_tampered_artifact_stops_startup(artifact, tmp_path):
