@@ -46,3 +46,49 @@ def train_tiny(name: str, model: dict, ds: SeqDataset, out: Path, epochs: int = 
     )
     train(run, out, progress=False, ds=ds)
     return out
+
+
+def wait_ready(proc, url: str, log: Path, seconds: float = 60) -> None:
+    """Wait until the server process `proc` answers GET url/ready with 200, or fail the test
+    with its log (it exited, or it was not ready in time)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"server not ready in time:\n{log.read_text()}")
+        time.sleep(0.1)
+
+
+def fuzz_never_5xx(operation, mode, also=lambda response: None) -> None:
+    """Hypothesis-drive a schemathesis `operation` (50 cases of `mode`): every answer conforms
+    to the schema and its declared status codes and is never a 5xx; `also` checks more."""
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    checks = [not_a_server_error, response_schema_conformance, status_code_conformance]
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=50, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    def check(case):
+        response = case.call()
+        case.validate_response(response, checks=checks)
+        assert response.status_code < 500
+        also(response)
+
+    check()

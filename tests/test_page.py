@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 
@@ -28,12 +27,9 @@ import httpx
 import numpy as np
 import pytest
 import schemathesis
-from conftest import REPO, train_tiny
+from conftest import REPO, fuzz_never_5xx, train_tiny, wait_ready
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 from lsan import artifact
 from lsan.artifact import MANIFEST, TABLES, ArtifactError, Tables, read
@@ -273,17 +269,7 @@ def test_items_is_503_before_the_model_is_ready(plain):
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_fuzzed_item_queries_never_get_a_5xx(plain, mode):
     schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(Settings(artifact=plain)))
-    checks = [not_a_server_error, response_schema_conformance, status_code_conformance]
-
-    @given(case=schema["/items"]["GET"].as_strategy(generation_mode=mode))
-    @settings(max_examples=50, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
-    def check(case):
-        response = case.call()
-        case.validate_response(response, checks=checks)
-        assert response.status_code < 500
-
-    check()
+    fuzz_never_5xx(schema["/items"]["GET"], mode)
 
 
 # ---------------------------------------------------------------- GET / and the model card
@@ -360,19 +346,7 @@ def served(request, tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "serving", str(art), "--port", str(port)],
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server not ready in time:\n{log.read_text()}")
-        time.sleep(0.1)
+    wait_ready(proc, url, log)
     yield url, art, request.param
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) in (0, -signal.SIGTERM), log.read_text()
