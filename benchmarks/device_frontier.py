@@ -55,14 +55,13 @@ def export_row(
     return {f: p for f, p in folders.items() if (p / "manifest.json").is_file()}
 
 
-def timings(folders: dict[str, Path], rounds: int = 20, calls: int = 20) -> dict[str, dict]:
+def timings(arts: dict[str, Any], rounds: int = 20, calls: int = 20) -> dict[str, dict]:
     """Batch-1 full-history latency of every artifact, interleaved, in ms.
 
     cold: one call per artifact in turn (each call finds the caches holding the other
     artifacts' weights, as a device serving several models or doing other work would); warm:
     blocks of `calls` calls per artifact in turn. p50/p95/p99 of each, over `rounds` rounds.
     """
-    arts = {key: read(p) for key, p in folders.items()}
     x = {}
     for key, a in arts.items():
         x[key] = request_feeds(a.meta.info, batch=1, length=a.meta.info.max_len)
@@ -89,11 +88,10 @@ def timings(folders: dict[str, Path], rounds: int = 20, calls: int = 20) -> dict
     return {key: {"cold": pcts(cold[key]), "warm": pcts(warm[key])} for key in arts}
 
 
-def floors(folders: dict[str, Path], k: int) -> dict[str, dict]:
+def floors(arts: dict[str, Any], folders: dict[str, Path], k: int) -> dict[str, dict]:
     """Each artifact's graph work and floor (benchmarks.floor), one set of reference points."""
     from lsan.benchmarks import floor
 
-    arts = {key: read(p) for key, p in folders.items()}
     some = next(iter(arts.values())).meta.info
     ref = floor.references(some.num_items + 1, k, 64 << 20)
     out = {}
@@ -105,8 +103,7 @@ def floors(folders: dict[str, Path], k: int) -> dict[str, dict]:
     return out
 
 
-def describe_row(name: str, ckpt: Path, fmt: str, folder: Path) -> dict[str, Any]:
-    meta = read(folder).meta
+def describe_row(name: str, ckpt: Path, fmt: str, meta: Any) -> dict[str, Any]:
     metrics = json.loads((ckpt / "metrics.json").read_text())
     cfg = meta.hyperparameters
     test = meta.test_metrics or {}
@@ -253,13 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     folders: dict[str, Path] = {}
+    arts: dict[str, Any] = {}  # each artifact read and verified once
     points = []
     for name, ckpt in rows:
         for fmt, folder in export_row(name, ckpt, args.formats, work, args.data_dir).items():
-            folders[f"{name}/{fmt}"] = folder
-            points.append(describe_row(name, ckpt, fmt, folder))
-    times = timings(folders, rounds=args.rounds)
-    work = floors(folders, args.k)
+            key = f"{name}/{fmt}"
+            folders[key], arts[key] = folder, read(folder)
+            points.append(describe_row(name, ckpt, fmt, arts[key].meta))
+    times = timings(arts, rounds=args.rounds)
+    work = floors(arts, folders, args.k)
     for p in points:
         key = f"{p['name']}/{p['format']}"
         p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **work[key]}

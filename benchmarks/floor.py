@@ -97,10 +97,7 @@ def references(num_scores: int, k: int, max_bytes: int) -> dict[str, Any]:
 
 
 def _dims(shape: list[dict[str, int]] | list[int]) -> list[int]:
-    out = []
-    for d in shape:
-        out.append(int(next(iter(d.values()))) if isinstance(d, dict) else int(d))
-    return out
+    return [int(next(iter(d.values()))) if isinstance(d, dict) else int(d) for d in shape]
 
 
 def graph_work(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -114,18 +111,20 @@ def graph_work(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]
         sess.run(None, feeds)
         events = json.loads(Path(sess.end_profiling()).read_text())
         loaded = onnx.load(str(Path(tmp) / "loaded.onnx"), load_external_data=False)
-    sizes = {i.name: (list(i.dims), onnx.helper.tensor_dtype_to_np_dtype(i.data_type).itemsize)
-             for i in loaded.graph.initializer}  # fmt: skip
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in loaded.graph.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+    positions = int(np.prod(feeds["items"].shape))  # ids a lookup reads per request
     read = 0.0
-    for name, (dims, item) in sizes.items():
-        lookup = [n for n in loaded.graph.node if n.op_type in LOOKUPS and n.input[0] == name]
-        rows = max(dims[0], 1) if dims else 1
-        row_bytes = (math.prod(dims) * item) / rows
-        if lookup and all(n.op_type in LOOKUPS for n in loaded.graph.node if name in n.input):
-            looked_up = sum(int(np.prod(feeds["items"].shape)) for _ in lookup)
-            read += min(rows, looked_up) * row_bytes
+    for init in loaded.graph.initializer:
+        dims = list(init.dims)
+        nbytes = math.prod(dims) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        uses = readers.get(init.name, [])
+        if dims and uses and all(n.op_type in LOOKUPS and n.input[0] == init.name for n in uses):
+            read += min(dims[0], positions * len(uses)) * nbytes / max(dims[0], 1)  # its rows
         else:
-            read += math.prod(dims) * item
+            read += nbytes
     flops = 0
     kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     for e in kernels:
@@ -136,8 +135,7 @@ def graph_work(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]
         outs = [_dims(next(iter(x.values()))) for x in args.get("output_type_shape", [])]
         if not ins or not outs:
             continue
-        inner = ins[0][-1] if args["op_name"] != "Gemm" or not ins[0] else ins[0][-1]
-        flops += 2 * int(np.prod(outs[0])) * inner
+        flops += 2 * int(np.prod(outs[0])) * ins[0][-1]  # output elements x inner size
     return {"nodes": len(loaded.graph.node), "kernels_run": len(kernels),
             "bytes_read": int(read), "flops": int(flops)}  # fmt: skip
 

@@ -42,10 +42,6 @@ def _per_tensor(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> boo
     return all(x in inits and int(np.prod(inits[x].dims)) == 1 for x in rest)
 
 
-def _consumers(model: onnx.ModelProto, name: str) -> list[onnx.NodeProto]:
-    return [n for n in model.graph.node if name in n.input]
-
-
 def integer_scoring(model: onnx.ModelProto) -> int:
     """Rewrite float MatMuls against a decoded int8 table to MatMulInteger; the count rewritten."""
     inits, made = _inits(model), _producers(model)
@@ -99,16 +95,22 @@ def foldable_decoders(model: onnx.ModelProto) -> int:
         x, scale = node.input[0], node.input[1]
         zero = node.input[2] if len(node.input) > 2 and node.input[2] else ""
         out = node.output[0]
-        new_nodes.append(helper.make_node("Cast", [x], [out + "_q"], to=FLOAT))
-        centred = out + "_q"
         if zero:
             z = numpy_helper.to_array(inits[zero]).astype(np.float32)
             graph.initializer.append(numpy_helper.from_array(z, out + "_zf"))
-            new_nodes.append(helper.make_node("Sub", [out + "_q", out + "_zf"], [out + "_c"]))
-            centred = out + "_c"
-        new_nodes.append(helper.make_node("Mul", [centred, scale], [out]))
+        new_nodes += decode(x, scale, out + "_zf" if zero else "", out)
         done += 1
     return _replaced(model, new_nodes, done)
+
+
+def decode(q: str, scale: str, zero: str, out: str) -> list[onnx.NodeProto]:
+    """float `out` = (float(q) - zero) * scale in standard ops (zero: a float initializer, or
+    "" for none), which onnxruntime folds at load when q, zero and scale are constants."""
+    nodes = [helper.make_node("Cast", [q], [out + "_q"], to=FLOAT)]
+    if zero:
+        nodes.append(helper.make_node("Sub", [out + "_q", zero], [out + "_c"]))
+    nodes.append(helper.make_node("Mul", [nodes[-1].output[0], scale], [out]))
+    return nodes
 
 
 def _replaced(model: onnx.ModelProto, nodes: list[onnx.NodeProto], count: int) -> int:

@@ -90,7 +90,7 @@ def smallest_int(x: np.ndarray):
 
 
 def compact_integers(m: onnx.ModelProto, min_elements: int = 256) -> None:
-    """Store large int64 constants in the fewest bytes that hold them, rebuilt at load.
+    """Store large integer constants in the fewest bytes that hold them, rebuilt at load.
 
     The exporter folds index tables (a `codes` item table's rows, stored as uint8 in the model)
     into int64 initializers: 8 bytes per entry, most of a small artifact's bytes. Each is stored
@@ -109,18 +109,17 @@ def compact_integers(m: onnx.ModelProto, min_elements: int = 256) -> None:
             continue
         x = numpy_helper.to_array(init)
         whole = smallest_int(x)
-        to = init.data_type
-        if whole is None or np.dtype(whole).itemsize >= x.dtype.itemsize and x.ndim != 2:
+        if whole is None:
             kept.append(init)
             continue
-        short = x if x.ndim == 2 and x.shape[0] <= 16 else x.T if x.ndim == 2 else None
-        dense = x.size * np.dtype(whole).itemsize
-        if short is not None and short.shape[0] <= 16 and _rows_bytes(short) < dense:
-            inits, nodes = _by_rows(short, init.name, to, transposed=short is not x)
+        rows = _short_rows(x)
+        plans = [_row_plan(r) for r in rows] if rows is not None else []
+        if rows is not None and sum(b for _, b in plans) < x.size * np.dtype(whole).itemsize:
+            inits, nodes = _by_rows(rows, plans, init.name, init.data_type, rows is not x)
         elif np.dtype(whole).itemsize < x.dtype.itemsize:
             inits, nodes = (
                 [numpy_helper.from_array(x.astype(whole), init.name + "_small")],
-                [_cast(init.name + "_small", init.name, to)],
+                [_cast(init.name + "_small", init.name, init.data_type)],
             )
         else:
             kept.append(init)
@@ -154,21 +153,24 @@ def _row_plan(row: np.ndarray) -> tuple[str, int]:
     return ("sparse", sparse) if sparse < dense else ("dense", dense)
 
 
-def _rows_bytes(x: np.ndarray) -> int:
-    return sum(_row_plan(r)[1] for r in x)
+def _short_rows(x: np.ndarray) -> np.ndarray | None:
+    """A 2-D table as rows along its short axis (<= 16: the books of a code table), or None."""
+    if x.ndim != 2:
+        return None
+    return x if x.shape[0] <= 16 else x.T if x.shape[1] <= 16 else None
 
 
 def _by_rows(
-    x: np.ndarray, name: str, to: int, transposed: bool
+    x: np.ndarray, plans: list[tuple[str, int]], name: str, to: int, transposed: bool
 ) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
-    """Initializers and load-time nodes rebuilding `name` (R, C) row by row (type `to`; with
-    `transposed`, x is the transpose of the tensor, whose columns are the short axis)."""
+    """Initializers and load-time nodes rebuilding `name` (R, C) row by row as `plans` say
+    (type `to`; with `transposed`, x is the transpose of the tensor)."""
     from onnx import helper, numpy_helper
 
     inits, nodes, parts = [], [], []
-    for r, row in enumerate(x):
+    for r, (row, (plan, _)) in enumerate(zip(x, plans, strict=True)):
         p = f"{name}_r{r}"
-        if _row_plan(row)[0] == "dense":
+        if plan == "dense":
             inits.append(numpy_helper.from_array(row[None].astype(smallest_int(row)), p + "_small"))
             nodes.append(_cast(p + "_small", p, to))
         else:

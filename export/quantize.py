@@ -22,7 +22,7 @@ from lsan.artifact import feeds
 from lsan.data.batching import eval_tensors
 from lsan.data.prepare import SeqDataset
 from lsan.export import ExportError
-from lsan.export.fold import foldable_decoders, integer_scoring
+from lsan.export.fold import decode, foldable_decoders, integer_scoring
 from lsan.export.graph import example_inputs
 from lsan.info import DataInfo
 
@@ -124,12 +124,11 @@ def compact_weights(model: onnx.ModelProto, kind: str, min_elements: int = 256) 
     """Store the large float32 initializers that are left in fp16 or uint8, decoded at load.
 
     fp16: each becomes float16 followed by a Cast to float32. uint8: asymmetric per-tensor
-    quantization (scale = range / 255) followed by DequantizeLinear; this reaches tensors the
-    onnxruntime quantizers leave in fp32 because they feed element-wise ops (LSAN's per-item
-    output weights and bias, layer norms). Every op still computes in fp32. onnxruntime does not
-    fold DequantizeLinear itself: `fold.foldable_decoders` turns these decoders into Cast/Sub/Mul,
-    which it folds when the session loads (the int8 format does; int8-static keeps its QDQ nodes
-    for onnxruntime's fusions), so only bytes on disk and in transit shrink.
+    quantization (scale = range / 255) decoded by Cast/Sub/Mul (`fold.decode`); this reaches
+    tensors the onnxruntime quantizers leave in fp32 because they feed element-wise ops (LSAN's
+    per-item output weights and bias, layer norms). Every op still computes in fp32, and
+    onnxruntime folds the decoders when the session loads (it would not fold DequantizeLinear),
+    so only bytes on disk and in transit shrink.
     (onnxconverter-common's full fp16 conversion produced graphs onnxruntime rejects, a Cast type
     mismatch, or never finished on these dynamo exports.)
     """
@@ -154,8 +153,8 @@ def compact_weights(model: onnx.ModelProto, kind: str, min_elements: int = 256) 
         q = np.clip(np.round(x / scale) + zero, 0, 255).astype(np.uint8)
         names = [init.name + "_u8", init.name + "_scale", init.name + "_zero"]
         kept += [numpy_helper.from_array(q, names[0]), numpy_helper.from_array(np.array(scale, dtype=np.float32), names[1]),
-                 numpy_helper.from_array(np.array(zero, dtype=np.uint8), names[2])]  # fmt: skip
-        decoders.append(helper.make_node("DequantizeLinear", names, [init.name]))
+                 numpy_helper.from_array(np.array(zero, dtype=np.float32), names[2])]  # fmt: skip
+        decoders += decode(*names, init.name)
     del graph.initializer[:]
     graph.initializer.extend(kept)
     nodes = list(graph.node)

@@ -34,23 +34,30 @@ def popularity_rank(counts: np.ndarray) -> np.ndarray:
     return rank
 
 
+def cluster(x: np.ndarray, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded k-means of rows x into at most m clusters: labels (n,) and an (m, d) codebook
+    (rows past the number of points stay zero)."""
+    from sklearn.cluster import KMeans
+
+    k = min(m, len(x))
+    km = KMeans(n_clusters=k, n_init=1, max_iter=50, random_state=seed)
+    labels = km.fit_predict(x)
+    book = np.zeros((m, x.shape[1]))
+    book[:k] = km.cluster_centers_
+    return labels, book
+
+
 def residual_kmeans(
     vectors: np.ndarray, sizes: list[int], seed: int
 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
     """Codes (n, N), centroids per level, and the final residuals of `vectors` (n, D)."""
-    from sklearn.cluster import KMeans
-
     residual = vectors.astype(np.float64)
     codes, books = [], []
     for level, m in enumerate(sizes):
-        k = min(m, len(residual))
-        km = KMeans(n_clusters=k, n_init=1, max_iter=50, random_state=seed + level)
-        labels = km.fit_predict(residual)
-        centroids = np.zeros((m, vectors.shape[1]))
-        centroids[:k] = km.cluster_centers_
+        labels, book = cluster(residual, m, seed + level)
         codes.append(labels)
-        books.append(centroids)
-        residual = residual - centroids[labels]
+        books.append(book)
+        residual = residual - book[labels]
     return np.stack(codes, axis=1), books, residual
 
 
@@ -58,22 +65,12 @@ def subspace_kmeans(
     vectors: np.ndarray, sizes: list[int], widths: list[int], seed: int
 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
     """Product quantization: codes (n, N), centroids per book, residuals of `vectors` (n, D)."""
-    from sklearn.cluster import KMeans
-
     x = vectors.astype(np.float64)
-    codes, books, parts, at = [], [], [], 0
-    for level, (m, w) in enumerate(zip(sizes, widths, strict=True)):
-        sub = x[:, at : at + w]
-        k = min(m, len(sub))
-        km = KMeans(n_clusters=k, n_init=1, max_iter=50, random_state=seed + level)
-        labels = km.fit_predict(sub)
-        centroids = np.zeros((m, w))
-        centroids[:k] = km.cluster_centers_
-        codes.append(labels)
-        books.append(centroids)
-        parts.append(centroids[labels])
-        at += w
-    return np.stack(codes, axis=1), books, x - np.concatenate(parts, axis=1)
+    starts = np.cumsum([0, *widths[:-1]])
+    fits = [cluster(x[:, at : at + w], m, seed + level)
+            for level, (m, w, at) in enumerate(zip(sizes, widths, starts, strict=True))]  # fmt: skip
+    parts = np.concatenate([book[labels] for labels, book in fits], axis=1)
+    return np.stack([labels for labels, _ in fits], axis=1), [b for _, b in fits], x - parts
 
 
 def project(vectors: np.ndarray, dim: int, seed: int) -> np.ndarray:
