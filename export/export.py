@@ -27,7 +27,15 @@ from lsan.data.prepare import SeqDataset, data_root, load_dataset
 from lsan.data.readers import DataError, read_titles
 from lsan.export import ExportError, place
 from lsan.export.graph import OPSET, embed_properties, export_fp32
-from lsan.export.quantize import AUTO_FORMATS, FORMATS, calibration_feeds, convert, quantized_ops
+from lsan.export.lowbit import freeze
+from lsan.export.quantize import (
+    ALL_FORMATS,
+    AUTO_FORMATS,
+    TABLE_FORMATS,
+    calibration_feeds,
+    convert,
+    quantized_ops,
+)
 from lsan.export.record import artifact_tables, describe, describe_artifact
 from lsan.export.verify import choose, pytorch_metrics, verify
 from lsan.models.objectives import uses_users
@@ -49,8 +57,8 @@ def export(
     interrupt it there): graph, format:<name>, write, publish, and swap inside publish.
     """
     ckpt, out = Path(ckpt), Path(out)
-    if quant != "auto" and quant not in FORMATS:
-        raise ExportError(f"unknown quantization {quant!r} (known: auto, {', '.join(FORMATS)})")
+    if quant != "auto" and quant not in ALL_FORMATS:
+        raise ExportError(f"unknown quantization {quant!r} (known: auto, {', '.join(ALL_FORMATS)})")
     place.check_out(out, ckpt, force)
     model, run, info = load_model(ckpt)
     if uses_users(model):
@@ -58,6 +66,7 @@ def export(
             f"model '{run.model_name}' scores with a user embedding, but the ONNX contract has no "
             "user id (items, cats, slots only); serve it from PyTorch or export a sequence model"
         )
+    table = freeze(model)  # a low-bit table: its quantized values, as trained and evaluated
     if k < 1 or k > info.num_items:
         raise ExportError(f"--k must be in 1..{info.num_items}")
     dataset = json.loads((ckpt / "dataset.json").read_text())
@@ -67,6 +76,8 @@ def export(
     ds = ds if evaluate_data else None
     torch_test = pytorch_metrics(model, run, info, ds) if ds is not None else None
     tried = list(formats) if quant == "auto" else [quant]
+    if quant == "auto" and table is not None:
+        tried += [f for f in TABLE_FORMATS if f not in tried]
     # item titles ship with the artifact when the dataset's own files name the items
     titles = read_titles(dataset["name"], data_root(data_dir or run.data.data_dir))
     place.clean_stale(out, log)
@@ -81,7 +92,7 @@ def export(
             hook(f"format:{fmt}")
             path = tmp / f"{fmt}.onnx"
             try:
-                convert(tmp / "reference.onnx", path, fmt, calibration)
+                convert(tmp / "reference.onnx", path, fmt, calibration, table)
                 c = verify(model, path, info, ds, torch_test, k)
                 candidates[fmt] = c.model_copy(update={"ops": quantized_ops(path)})
             except Exception as exc:  # a format that cannot be produced is reported, not fatal
@@ -137,7 +148,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--out", required=True, help="artifact directory to write (absent, empty, or an artifact)"
     )
-    ap.add_argument("--quant", default="auto", choices=["auto", *FORMATS])
+    ap.add_argument("--quant", default="auto", choices=["auto", *ALL_FORMATS])
     ap.add_argument(
         "--k",
         type=int,

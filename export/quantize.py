@@ -5,7 +5,8 @@ dynamic quantization of MatMul/Gemm weights and Gather tables, and of the tied s
 (export/fold.py); activations quantized on the fly with one scale per tensor, so a row's answer
 depends on its batch: the runtime then answers row by row; constants decoded once at load);
 int8-static (QDQ, activations calibrated on validation sequences); int4 (4-bit
-block-quantized weights, export/int4.py). Tensors the quantizers leave in fp32 are stored as
+block-quantized weights, export/int4.py); lowbit (a low-bit-trained item table at its own
+widths, export/lowbit.py). Tensors the quantizers leave in fp32 are stored as
 uint8 (fp16 for fp16), decoded once when the session loads.
 """
 
@@ -24,9 +25,14 @@ from lsan.data.prepare import SeqDataset
 from lsan.export import ExportError
 from lsan.export.fold import decode, foldable_decoders, integer_scoring
 from lsan.export.graph import example_inputs
+from lsan.export.lowbit import PackedTable, quantize_lowbit
 from lsan.info import DataInfo
 
-FORMATS = ("fp32", "fp16", "int8", "int8-static", "int4")
+FORMATS = ("fp32", "fp16", "int8", "int8-static", "int4")  # what any checkpoint can ship
+# only for checkpoints trained with a low-bit item table (model.bits): the table at its trained
+# widths, the rest int4 (export/lowbit.py); `--quant auto` adds it for them
+TABLE_FORMATS = ("lowbit",)
+ALL_FORMATS = FORMATS + TABLE_FORMATS
 # what `--quant auto` tries: int8-static (QDQ) is never the best choice, so only an explicit
 # `--quant int8-static` builds it. Measured on Beauty SASRec D64 (1 thread, batch 1): 845 KB and
 # 0.72 ms against int8's 843 KB and 0.25 ms (fp32 0.32 ms): QDQ's Quantize/Dequantize pairs
@@ -37,9 +43,17 @@ QUANT_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear", "Quan
              "Gemm")  # fmt: skip
 
 
-def convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.ndarray]]) -> None:
-    """Write `fmt` of the fp32 model to `out` (without shape annotations or node names)."""
-    _convert(fp32, out, fmt, calibration)
+def convert(
+    fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.ndarray]],
+    table: PackedTable | None = None,
+) -> None:  # fmt: skip
+    """Write `fmt` of the fp32 model to `out` (without shape annotations or node names).
+
+    `table`: the checkpoint's low-bit item table (export/lowbit.py), for the lowbit format."""
+    if fmt == "lowbit":
+        quantize_lowbit(fp32, out, table)
+    else:
+        _convert(fp32, out, fmt, calibration)
     m = onnx.load(str(out))
     slim(m)
     onnx.save(m, str(out))
@@ -117,7 +131,7 @@ def _convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.nda
             raise ExportError(f"int4 is not available here ({exc})") from None
         quantize_int4(fp32, out)
     else:
-        raise ExportError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+        raise ExportError(f"unknown format {fmt!r} (known: {', '.join(ALL_FORMATS)})")
 
 
 def compact_weights(model: onnx.ModelProto, kind: str, min_elements: int = 256) -> onnx.ModelProto:

@@ -63,7 +63,7 @@ def build_run(
     if model:
         tree["model_name"] = model
     for key, section in (("data_dir", "data"), ("cache_dir", "data"), ("device", "train"),
-                         ("teacher", "train")):  # fmt: skip
+                         ("teacher", "train"), ("init", "train")):  # fmt: skip
         if flags.get(key):
             tree.setdefault(section, {})[key] = flags[key]
     model_values = tree.pop("model", {})
@@ -142,7 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run = build_run(args.dataset, args.model, args.config, args.set,
                     data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
-                    teacher=args.teacher)  # fmt: skip
+                    teacher=args.teacher, init=args.init)  # fmt: skip
     result = train(
         run, args.out, resume=args.resume, progress=not args.quiet, command=args.command_line
     )
@@ -390,6 +390,8 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", action="store_true", help="continue from --out's trainer_state.pt")
     tr.add_argument("--teacher", default="", metavar="CKPT",
                     help="distil from this trained checkpoint (train.kd_weight, train.kd_temperature)")  # fmt: skip
+    tr.add_argument("--init", default="", metavar="CKPT",
+                    help="start from this checkpoint's weights where names and shapes match (train.init)")  # fmt: skip
     tr.add_argument("--quiet", action="store_true", help="no progress output")
     _data_flags(tr)
     tr.set_defaults(func=cmd_train)

@@ -69,6 +69,7 @@ class TrainConfig:
     )
     kd_temperature: float = 1.0  # softmax temperature of both sides of the distillation loss
     teacher_init: bool = False  # start from the teacher's weights where names and shapes match
+    init: str = ""  # start from this checkpoint's weights where names and shapes match ("" = none)
 
     def __post_init__(self) -> None:
         validate(self, "train.")
@@ -174,6 +175,9 @@ RULES: dict[str, Rule] = {
     "code_size": _at_least(1),
     "m1": _at_least(0),
     "own_rows": _at_least(0),
+    "bits": ((lambda v: v in (0, 1, 2, 4, 8)), "must be 0 (float), 1, 2, 4 or 8"),
+    "hot_rows": _at_least(0),
+    "hot_bits": ((lambda v: v in (1, 2, 4, 8)), "must be 1, 2, 4 or 8"),
     "n_h": _at_least(0),
     "n_v": _at_least(0),
     "dropout": _unit(high_open=True),

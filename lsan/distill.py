@@ -28,7 +28,7 @@ from lsan.data.batching import SeqTensors
 from lsan.digest import file_digest
 from lsan.models import DataInfo
 from lsan.models.codes import assign, teacher_vectors
-from lsan.models.item_tables import CodeTable, FullTable, training_scores
+from lsan.models.item_tables import CodeTable, FullTable, LowBitTable, training_scores
 from lsan.models.layers import PAD, mask_padding
 from lsan.models.objectives import is_autoencoding, uses_users
 
@@ -117,11 +117,38 @@ def init_from_teacher(model: nn.Module, teacher: nn.Module) -> list[str]:
     return taken
 
 
+def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
+    """Start `model` from checkpoint `path`'s best weights where names and shapes match.
+
+    Unlike `teacher_init` the item table is taken too: a low-bit student (`model.bits`) starts
+    from a trained float model of its own D and only learns to live on the grid. Buffers that
+    describe the student's own layout (a low-bit table's row widths) are never taken.
+    """
+    from lsan.checkpoint import CheckpointError, load_model
+
+    try:
+        source, run, _ = load_model(path)
+    except CheckpointError as exc:
+        raise TeacherError(f"train.init {path}: {exc}") from None
+    own = model.state_dict()
+    theirs = source.state_dict()
+    taken = [k for k, v in theirs.items()
+             if k in own and own[k].shape == v.shape and not k.endswith("row_bits")]  # fmt: skip
+    if not taken:
+        raise TeacherError(f"train.init {path} ({run.model_name}) shares no tensor with this model")
+    model.load_state_dict({**own, **{k: theirs[k].to(own[k].device) for k in taken}})
+    return {"path": path, "sha256": file_digest(Path(path) / "model.pt"),
+            "tensors": len(taken), "of": len(own)}  # fmt: skip
+
+
 def prepare_codes(
     model: nn.Module, counts: np.ndarray, teacher: nn.Module | None, seed: int
 ) -> dict[str, Any]:
     """Assign a `codes` item table's codes from data (no-op for other tables); a summary."""
     table = getattr(model, "item_emb", None)
+    if isinstance(table, LowBitTable):
+        hot = table.assign_hot(counts) if table.hot_rows else 0
+        return {"bits": table.bits, "hot_rows": hot, "hot_bits": table.hot_bits if hot else None}
     if not isinstance(table, CodeTable):
         return {}
     cfg: Any = model.cfg

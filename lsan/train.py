@@ -32,7 +32,13 @@ from lsan.checkpoint import (
 from lsan.config import RunConfig
 from lsan.data.batching import item_counts, train_tensors
 from lsan.data.prepare import SeqDataset, default_max_len, load_dataset
-from lsan.distill import TeacherError, init_from_teacher, load_teacher, prepare_codes
+from lsan.distill import (
+    TeacherError,
+    init_from_checkpoint,
+    init_from_teacher,
+    load_teacher,
+    prepare_codes,
+)
 from lsan.models import DataInfo, build_model, model_config
 from lsan.models.objectives import LOSSES
 from lsan.models.pop import Pop
@@ -125,6 +131,7 @@ def train(
         if teacher is None:
             raise TeacherError("train.teacher_init needs a teacher (--teacher CKPT)")
         teacher_record["initialised_from"] = f"{len(init_from_teacher(model, teacher))} tensors"
+    init = init_from_checkpoint(model, tc.init) if tc.init else {}
     trainable = getattr(model, "trainable", True)
     if not trainable:
         cast(Pop, model).fit_counts(torch.as_tensor(item_counts(ds)))
@@ -235,6 +242,7 @@ def train(
         "command": command,
         "teacher": teacher_record,
         "codes": codes,
+        "init": init,
         "device": str(device),
         "processes": ctx.world,
         "protocol": {

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lsan.models import rowquant
 from lsan.models.layers import NEG, PAD
 
 ITEM_TABLES = ("full", "qr", "codes", "pq")
@@ -64,6 +65,9 @@ class TableConfig:
     codes_from: str = "popularity"  # codes: arithmetic, popularity or teacher (k-means)
     item_weights: bool = False  # per-item output weights + bias (N + 1 numbers per item)
     train_scores: str = "matrix"  # training softmax: matrix (one matmul) or factorised
+    bits: int = 0  # full: train and ship each row at this many bits (1, 2, 4, 8); 0 = float
+    hot_rows: int = 0  # full with bits: the H most popular items get hot_bits instead
+    hot_bits: int = 4  # bits of the hot rows
 
     @property
     def full_table(self) -> bool:
@@ -92,6 +96,78 @@ class FullTable(nn.Embedding):
         nn.init.normal_(self.weight, 0.0, std)
         with torch.no_grad():
             self.weight[PAD].zero_()
+
+
+class LowBitTable(FullTable):
+    """A full table trained through its row-wise low-bit grid (lsan/models/rowquant.py).
+
+    Every read (embedding, scores, matrix) sees the quantized rows, gradients reach the float
+    weights straight through, so what the export packs is exactly what was trained and
+    evaluated. Buffers (saved with the weights): `row_bits`, each row's width (the `hot_rows`
+    most popular items get `hot_bits`, set from training counts by `assign_hot`), and
+    `row_exps`, each row's step exponent, chosen again from the weights whenever the table
+    enters training mode (once per epoch). `freeze()` replaces the weights by their quantized
+    values once (the export traces those).
+    """
+
+    def __init__(self, num_items: int, dim: int, bits: int, hot_rows: int = 0, hot_bits: int = 4):
+        super().__init__(num_items, dim)
+        for name, b in (("model.bits", bits), ("model.hot_bits", hot_bits)):
+            if b not in rowquant.WIDTHS:
+                raise ValueError(f"{name} must be one of {rowquant.WIDTHS}, got {b}")
+        self.bits, self.hot_rows, self.hot_bits, self.frozen = bits, hot_rows, hot_bits, False
+        self.register_buffer("row_bits", torch.full((num_items + 1,), bits, dtype=torch.uint8))
+        self.register_buffer("row_exps", torch.zeros(num_items + 1, dtype=torch.int8))
+        self.refresh()
+
+    def reset(self, std: float) -> None:
+        super().reset(std)
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Choose every row's step again for the current weights and widths."""
+        if not self.frozen:
+            self.row_exps.copy_(rowquant.choose_exponents(self.weight, self.row_bits))
+
+    def train(self, mode: bool = True) -> "LowBitTable":
+        if mode:
+            self.refresh()
+        return super().train(mode)
+
+    def assign_hot(self, counts: Any) -> int:
+        """Give the `hot_rows` most frequent items (by training counts) `hot_bits`; how many."""
+        counts = torch.as_tensor(counts, dtype=torch.float32).clone()
+        counts[PAD] = -1.0
+        hot = min(self.hot_rows, self.num_embeddings - 1)
+        top = torch.argsort(counts, descending=True, stable=True)[:hot]
+        self.row_bits.fill_(self.bits)
+        self.row_bits[top.to(self.row_bits.device)] = self.hot_bits
+        self.refresh()
+        return int(top.numel())
+
+    def quantized(self) -> torch.Tensor:
+        if self.frozen:
+            return self.weight
+        return rowquant.fake_quantize(self.weight, self.row_bits, self.row_exps)
+
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        return F.embedding(items, self.quantized(), PAD)
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.quantized().T
+
+    def matrix(self) -> torch.Tensor:
+        return self.quantized()
+
+    @torch.no_grad()
+    def freeze(self) -> torch.Tensor:
+        """Weights := their quantized values, read as they are from now on; returns the codes."""
+        codes = rowquant.quantize_rows(self.weight, self.row_bits, self.row_exps)
+        if not self.frozen:
+            self.weight.copy_(rowquant.dequantize_rows(codes, self.row_exps, self.row_bits))
+            self.frozen = True
+        return codes
 
 
 def table_sizes(num_ids: int, tables: int, m1: int = 0) -> list[int]:
@@ -360,7 +436,13 @@ def build_item_table(cfg: TableConfig, num_items: int, dim: int) -> Any:
         raise ValueError(
             f"model.train_scores must be factorised or matrix, got {cfg.train_scores!r}"
         )
+    if cfg.bits and cfg.item_table != "full":
+        raise ValueError(f"model.bits needs model.item_table=full, not {cfg.item_table!r}")
+    if cfg.hot_rows and not cfg.bits:
+        raise ValueError("model.hot_rows needs model.bits > 0 (a low-bit table)")
     if cfg.item_table == "full":
+        if cfg.bits:
+            return LowBitTable(num_items, dim, cfg.bits, cfg.hot_rows, cfg.hot_bits)
         return FullTable(num_items, dim)
     if cfg.item_table == "qr":
         return QRTable(num_items, dim, cfg.tables, cfg.m1, cfg.item_weights)

@@ -1,0 +1,180 @@
+"""The `lowbit` format: a low-bit-trained item table shipped at its own widths, the rest in int4.
+
+A checkpoint trained with `model.bits` (lsan/models/rowquant.py) has a table whose rows are
+exactly (c - L + 0.5) * 2^(e / 8). This format stores what defines them and nothing else:
+
+- `codes` of the rows at each width, packed 8 / bits to a byte (low bits first), the rows of a
+  width in id order (2 bits: 8 bytes a row at D = 32, against 16 in int4 and 128 in fp32);
+- one exponent byte per row and the 256-entry step table (1 KB), gathered, not computed, so the
+  values are bit for bit PyTorch's;
+- with two widths, a bitmask (one bit per row) saying which rows are the hot ones.
+
+A decoder of standard ops (BitShift, BitwiseAnd, Cast, CumSum, Gather, Where, Mul) rebuilds the
+float table from these initializers; every input is a constant, so onnxruntime folds it once
+when the session loads and a request reads the table as in fp32 (Gather for the history, the
+tied MatMul for the scores). The rest of the graph (encoder weights, positions) then goes
+through the int4 rewrite (export/int4.py), which leaves the decoder's integer tensors alone.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+from lsan.export import ExportError
+from lsan.models import rowquant
+from lsan.models.item_tables import LowBitTable
+
+
+@dataclass(frozen=True)
+class PackedTable:
+    """A frozen low-bit table as the export stores it (arrays over rows 0..|V|)."""
+
+    values: np.ndarray  # (R, D) float32: what the fp32 graph holds, to find it there
+    codes: np.ndarray  # (R, D) uint8
+    exps: np.ndarray  # (R,) int8
+    bits: np.ndarray  # (R,) uint8
+
+
+def freeze(model: nn.Module) -> PackedTable | None:
+    """Freeze a low-bit item table to its quantized values (None for any other table)."""
+    table = getattr(model, "item_emb", None)
+    if not isinstance(table, LowBitTable):
+        return None
+    codes = table.freeze()
+    return PackedTable(
+        table.weight.detach().cpu().numpy().copy(), codes.cpu().numpy(),
+        table.row_exps.cpu().numpy(), table.row_bits.cpu().numpy(),
+    )  # fmt: skip
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """(R, D) codes < 2^bits -> (R, D * bits / 8) uint8, value j of a byte at bit j * bits."""
+    per = 8 // bits
+    rows, d = codes.shape
+    if d % per:
+        raise ExportError(f"a {bits}-bit row of {d} values does not fill whole bytes")
+    c = codes.astype(np.uint8).reshape(rows, d // per, per)
+    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
+    return np.bitwise_or.reduce(c << shifts, axis=-1).astype(np.uint8)
+
+
+def unpack(packed: np.ndarray, bits: int, d: int) -> np.ndarray:
+    """The inverse of `pack` (the numpy twin of the ONNX decoder, for tests)."""
+    per = 8 // bits
+    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
+    c = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
+    return c.reshape(packed.shape[0], -1)[:, :d]
+
+
+class _Nodes:
+    """Decoder nodes and initializers under one name prefix."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self.nodes, self.inits = prefix, [], []
+        self.count = 0
+
+    def const(self, array: np.ndarray) -> str:
+        name = f"{self.prefix}c{len(self.inits)}"
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def op(self, op: str, inputs: list[str], out: str = "", **attrs) -> str:
+        out = out or f"{self.prefix}t{self.count}"
+        self.count += 1
+        self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    def unpacked(self, packed: np.ndarray, bits: int, d: int) -> str:
+        """Codes (rows, d) as int32 from the packed bytes, in foldable standard ops."""
+        x = self.const(packed)
+        if bits < 8:
+            per = 8 // bits
+            x = self.op("Unsqueeze", [x, self.const(np.array([-1], np.int64))])
+            shifts = self.const((np.arange(per) * bits).astype(np.uint8))
+            x = self.op("BitShift", [x, shifts], direction="RIGHT")
+            x = self.op("BitwiseAnd", [x, self.const(np.array((1 << bits) - 1, np.uint8))])
+            x = self.op("Reshape", [x, self.const(np.array([packed.shape[0], -1], np.int64))])
+        return self.op("Cast", [x], to=TensorProto.INT32)
+
+    def values(self, codes: np.ndarray, bits: int) -> str:
+        """Rows (n, D) float: c - L + 0.5 for the codes of one width."""
+        c = self.op("Cast", [self.unpacked(pack(codes, bits), bits, codes.shape[1])], to=TensorProto.FLOAT)
+        return self.op("Add", [c, self.const(np.array(0.5 - 2 ** (bits - 1), np.float32))])
+
+
+def decoder(t: PackedTable, out: str, prefix: str) -> tuple[list, list]:
+    """Nodes and initializers that compute table `out` (R, D) float32 from `t`'s stored form."""
+    n = _Nodes(prefix)
+    widths = sorted(set(t.bits.tolist()))
+    if len(widths) > 2:
+        raise ExportError(f"the lowbit format stores at most two row widths, not {widths}")
+    if len(widths) == 1:
+        rows = n.values(t.codes, widths[0])
+    else:
+        cold, hot = widths[0], widths[1]
+        is_hot = t.bits == hot
+        mask_bytes = pack(np.pad(is_hot, (0, -len(is_hot) % 8)).astype(np.uint8)[None], 1)[0]
+        m = n.op("Reshape", [n.unpacked(mask_bytes[None], 1, 8 * len(mask_bytes)), n.const(np.array([-1], np.int64))])
+        m = n.op("Slice", [m, n.const(np.array([0], np.int64)), n.const(np.array([len(is_hot)], np.int64))])
+        m = n.op("Cast", [m], to=TensorProto.INT64)
+        seen = n.op("CumSum", [m, n.const(np.array(0, np.int64))])  # hot rows up to each row
+        hot_at = n.op("Max", [n.op("Sub", [seen, n.const(np.array(1, np.int64))]), n.const(np.array(0, np.int64))])
+        ids = n.op("Range", [n.const(np.array(0, np.int64)), n.const(np.array(len(is_hot), np.int64)), n.const(np.array(1, np.int64))])
+        cold_at = n.op("Max", [n.op("Sub", [ids, seen]), n.const(np.array(0, np.int64))])
+        hot_rows = n.op("Gather", [n.values(t.codes[is_hot], hot), hot_at], axis=0)
+        cold_rows = n.op("Gather", [n.values(t.codes[~is_hot], cold), cold_at], axis=0)
+        which = n.op("Unsqueeze", [n.op("Cast", [m], to=TensorProto.BOOL), n.const(np.array([-1], np.int64))])
+        rows = n.op("Where", [which, hot_rows, cold_rows])
+    exps = n.op("Add", [n.op("Cast", [n.const(t.exps)], to=TensorProto.INT32), n.const(np.array(128, np.int32))])
+    steps = n.op("Gather", [n.const(rowquant.step_table().numpy()), exps], axis=0)
+    steps = n.op("Unsqueeze", [steps, n.const(np.array([-1], np.int64))])
+    n.op("Mul", [rows, steps], out)
+    return n.nodes, n.inits  # fmt: skip
+
+
+def replace_table(model: onnx.ModelProto, t: PackedTable) -> str:
+    """Swap the float initializer holding `t.values` for its decoder; the initializer's name."""
+    graph = model.graph
+    for i, init in enumerate(graph.initializer):
+        if list(init.dims) != list(t.values.shape) or init.data_type != TensorProto.FLOAT:
+            continue
+        if np.array_equal(numpy_helper.to_array(init), t.values):
+            nodes, inits = decoder(t, init.name, prefix=f"{init.name}_lb_")
+            del graph.initializer[i]
+            graph.initializer.extend(inits)
+            rest = list(graph.node)
+            del graph.node[:]
+            graph.node.extend(nodes + rest)
+            return init.name
+    raise ExportError("the low-bit item table was not found in the exported graph")
+
+
+def quantize_lowbit(fp32: Path, out: Path, t: PackedTable | None) -> None:
+    """Write the lowbit format of the fp32 graph `fp32` to `out`."""
+    if t is None:
+        raise ExportError(
+            "the lowbit format needs a checkpoint trained with a low-bit table (model.bits > 0)"
+        )
+    from lsan.export.int4 import quantize_int4
+
+    model = onnx.load(str(fp32))
+    replace_table(model, t)
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "table.onnx"
+        onnx.save(model, str(staged))
+        quantize_int4(staged, out)
+
+
+def dequantized(t: PackedTable) -> np.ndarray:
+    """The table `t` stores, computed in PyTorch (what the decoder must reproduce)."""
+    return rowquant.dequantize_rows(
+        torch.as_tensor(t.codes), torch.as_tensor(t.exps), torch.as_tensor(t.bits)
+    ).numpy()

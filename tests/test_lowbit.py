@@ -1,0 +1,188 @@
+"""Low-bit item tables: trained on their grid, shipped at their widths, decoded bit for bit."""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import train_tiny
+from onnx import TensorProto, helper
+
+from lsan import artifact
+from lsan.checkpoint import load_model
+from lsan.cli import main as lsan_main
+from lsan.export.export import export
+from lsan.export.lowbit import PackedTable, decoder, dequantized, freeze, pack, unpack
+from lsan.models import build_model, model_config
+from lsan.models.item_tables import LowBitTable
+from lsan.models.rowquant import choose_exponents, dequantize_rows, quantize_rows, step_table
+
+LOWBIT = {"dim": 16, "layers": 1, "bits": 2, "hot_rows": 40, "hot_bits": 4}
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_rows_land_on_their_grid_with_the_best_searched_step(bits):
+    w = torch.randn(50, 16) * torch.linspace(0.01, 1.0, 50)[:, None]
+    b = torch.full((50,), bits, dtype=torch.uint8)
+    exps = choose_exponents(w, b)
+    codes = quantize_rows(w, b, exps)
+    assert int(codes.max()) < 2**bits
+    q = dequantize_rows(codes, exps, b)
+    err = (q - w).pow(2).sum(1)
+    top = torch.round(8 * torch.log2(w.abs().amax(1) / (2 ** (bits - 1) - 0.5)))
+    for e in range(-24, 3):  # no other step of the searched window is better
+        other = (top + e).to(torch.int8)
+        alt = dequantize_rows(quantize_rows(w, b, other), other, b)
+        assert torch.all(err <= (alt - w).pow(2).sum(1) * (1 + 1e-6))
+    # more bits, less error; the error is far below the rows' own energy
+    assert err.sum() < 0.5 * w.pow(2).sum() if bits >= 2 else err.sum() < w.pow(2).sum()
+
+
+def test_a_zero_row_quantizes_to_almost_zero():
+    b = torch.tensor([2], dtype=torch.uint8)
+    exps = choose_exponents(torch.zeros(1, 8), b)
+    assert int(exps[0]) == -128
+    assert dequantize_rows(quantize_rows(torch.zeros(1, 8), b, exps), exps, b).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_pack_then_unpack_is_the_identity(bits):
+    codes = np.random.default_rng(bits).integers(0, 2**bits, size=(7, 16)).astype(np.uint8)
+    packed = pack(codes, bits)
+    assert packed.shape == (7, 16 * bits // 8)
+    np.testing.assert_array_equal(unpack(packed, bits, 16), codes)
+
+
+def _decode_with_onnxruntime(t: PackedTable) -> np.ndarray:
+    nodes, inits = decoder(t, "table", "d_")
+    out = helper.make_tensor_value_info("table", TensorProto.FLOAT, list(t.values.shape))
+    graph = helper.make_graph(nodes, "decode", [], [out], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(["table"], {})[0]
+
+
+@pytest.mark.parametrize("hot", [0, 1, 17, 64])
+def test_the_onnx_decoder_rebuilds_pytorchs_table_bit_for_bit(hot):
+    table = LowBitTable(63, 16, bits=2, hot_rows=hot, hot_bits=4)
+    table.reset(0.05)
+    counts = np.random.default_rng(hot).random(64).astype(np.float32)
+    assert table.assign_hot(counts) == min(hot, 63)
+    table.eval()
+    with torch.no_grad():
+        expected = table.matrix().clone()
+    t = freeze(torch.nn.ModuleDict({"item_emb": table}))  # anything with an item_emb
+    assert t is not None
+    np.testing.assert_array_equal(dequantized(t), expected.numpy())
+    np.testing.assert_array_equal(_decode_with_onnxruntime(t), expected.numpy())
+
+
+def test_hot_rows_are_the_most_popular_items_and_cost_more_bits():
+    table = LowBitTable(9, 8, bits=1, hot_rows=3, hot_bits=8)
+    counts = np.array([100, 1, 5, 9, 0, 7, 2, 3, 4, 8], np.float32)  # index 0 = padding
+    table.assign_hot(counts)
+    assert sorted(np.flatnonzero(table.row_bits.numpy() == 8).tolist()) == [3, 5, 9]
+
+
+def test_training_moves_the_float_weights_through_the_grid():
+    table = LowBitTable(20, 8, bits=2)
+    table.reset(0.1)
+    table.train()
+    before = table.weight.detach().clone()
+    opt = torch.optim.SGD(table.parameters(), lr=0.5)
+    loss = table.scores(torch.randn(4, 8)).logsumexp(-1).mean() - table(torch.tensor([[3]])).sum()
+    loss.backward()
+    assert table.weight.grad is not None and table.weight.grad.abs().sum() > 0
+    opt.step()
+    assert not torch.equal(before, table.weight.detach())
+    table.eval()
+    with torch.no_grad():  # evaluation reads the grid values, nothing else
+        q = table.matrix()
+    codes = quantize_rows(table.weight, table.row_bits, table.row_exps)
+    torch.testing.assert_close(q, dequantize_rows(codes, table.row_exps, table.row_bits), rtol=0, atol=0)
+
+
+def test_steps_are_exact_powers_of_two_on_an_eighth_octave_grid():
+    s = step_table()
+    assert s.shape == (256,) and s[128] == 1.0 and s[136] == 2.0 and s[120] == 0.5
+
+
+@pytest.mark.parametrize("bad", [{"bits": 2, "item_table": "qr"}, {"hot_rows": 10}])
+def test_low_bit_settings_that_do_not_fit_the_table_are_refused_clearly(bad):
+    from lsan.models import DataInfo
+
+    with pytest.raises(ValueError, match="model\\.(bits|hot_rows)"):
+        build_model("sasrec", model_config("sasrec", {"dim": 16, **bad}), DataInfo(30, 2, 2, 8))
+
+
+@pytest.fixture(scope="module")
+def lowbit_ckpt(small_ds, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lowbit")
+    return train_tiny("sasrec", LOWBIT, small_ds, root / "ck", epochs=3)
+
+
+def test_a_low_bit_model_learns_and_records_its_widths(lowbit_ckpt, small_ds, tmp_path):
+    metrics = json.loads((lowbit_ckpt / "metrics.json").read_text())
+    assert metrics["codes"] == {"bits": 2, "hot_rows": 40, "hot_bits": 4}
+    model, _, _ = load_model(lowbit_ckpt)
+    bits = model.item_emb.row_bits
+    assert int((bits == 4).sum()) == 40 and int(bits[0]) == 2
+    # as accurate as the same model with a float table, at the same epochs: the grid costs little
+    full = {k: v for k, v in LOWBIT.items() if "bits" not in k and k != "hot_rows"}
+    ref = json.loads((train_tiny("sasrec", full, small_ds, tmp_path / "f", 3) / "metrics.json").read_text())
+    assert metrics["test"]["NDCG@10"] > 0.9 * ref["test"]["NDCG@10"] > 0.05  # random: ~0.015
+
+
+def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(lowbit_ckpt, small_ds, tmp_path):
+    out = tmp_path / "art"
+    meta = export(lowbit_ckpt, out, quant="auto", ds=small_ds, log=lambda *a: None,
+                  formats=("fp32", "int4"), every_format=tmp_path / "all")  # fmt: skip
+    checks = meta.parity
+    assert {"fp32", "int4", "lowbit"} <= set(checks)
+    low, int4 = checks["lowbit"], checks["int4"]
+    assert low.error is None and low.top10_identical and low.max_abs_score_diff < 1e-4
+    assert low.bytes < 0.6 * checks["fp32"].bytes and int4.error is None
+    assert low.test["NDCG@10"] == pytest.approx(checks["fp32"].test["NDCG@10"], abs=1e-9)
+    art = artifact.read(tmp_path / "all-lowbit")
+    assert art.meta.quantization == "lowbit"
+    # the table is stored packed: no float initializer of |V|+1 rows is left in the file
+    m = onnx.load(str(tmp_path / "all-lowbit" / artifact.MODEL))
+    rows = small_ds.num_items + 1
+    assert not [i for i in m.graph.initializer
+                if i.data_type == TensorProto.FLOAT and i.dims and i.dims[0] == rows]  # fmt: skip
+    # what stores the table: 2-bit codes of the cold rows, 4-bit codes of the 40 hot ones, one
+    # exponent byte a row, one mask bit a row, the 256 steps (and a few scalars)
+    dim, hot = LOWBIT["dim"], LOWBIT["hot_rows"]
+    budget = (rows - hot) * dim * 2 // 8 + hot * dim // 2 + rows + rows // 8 + 1 + 256 * 4
+    tensors = [onnx.numpy_helper.to_array(i) for i in m.graph.initializer]
+    stored = sum(t.nbytes for t in tensors if t.dtype in (np.uint8, np.int8) and t.size >= rows // 8)
+    assert budget - 64 <= stored + 256 * 4 <= budget + 64
+
+
+def test_lowbit_is_refused_for_a_float_table(small_ds, tmp_path):
+    ck = train_tiny("sasrec", {"dim": 16, "layers": 1}, small_ds, tmp_path / "ck", epochs=1)
+    with pytest.raises(Exception, match="model.bits"):
+        export(ck, tmp_path / "art", quant="lowbit", ds=small_ds, log=lambda *a: None)
+
+
+def test_init_starts_from_a_checkpoint_and_a_bad_one_is_a_clear_error(lowbit_ckpt, small_ds, tmp_path, capsys):
+    from lsan.config import DataConfig, RunConfig, TrainConfig
+    from lsan.train import train
+
+    def run(init: str) -> RunConfig:
+        return RunConfig(data=DataConfig(dataset="synthetic", max_len=12), model_name="sasrec",
+                         model=model_config("sasrec", LOWBIT),
+                         train=TrainConfig(epochs=1, batch_size=64, device="cpu", init=init, lr=1e-9))  # fmt: skip
+
+    # a near-zero learning rate: the student ends where the checkpoint it started from ended
+    result = train(run(str(lowbit_ckpt)), tmp_path / "again", progress=False, ds=small_ds)
+    assert result["init"]["tensors"] == result["init"]["of"] - 1  # all but the row widths
+    start = json.loads((lowbit_ckpt / "metrics.json").read_text())["valid"]["NDCG@10"]
+    assert result["valid"]["NDCG@10"] == pytest.approx(start, abs=0.01)
+    code = lsan_main(["train", "--dataset", "synthetic", "--init", str(tmp_path / "missing"),
+                      "--out", str(tmp_path / "x"), "--quiet", "--set", "train.epochs=1"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code != 0 and "train.init" in err and "Traceback" not in err
