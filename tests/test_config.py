@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -270,3 +271,17 @@ def test_direct_construction_is_validated_too():
     with pytest.raises(ConfigError, match=r"^data\.min_count: expected int, got True"):
         DataConfig(min_count=True)
     assert TrainConfig(lr=1).lr == 1  # an int is a valid float
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+     if not p.name.startswith("tune-")],  # tune-*.toml are search spaces (lsan tune --space)
+    ids=lambda p: p.name,
+)  # fmt: skip
+def test_every_shipped_config_builds_a_valid_run(path):
+    from lsan.models import DataInfo, build_model
+
+    run = build_run(config_file=str(path))
+    assert run.model is not None
+    build_model(run.model_name, run.model, DataInfo(300, 8, 8, 12))  # tables and layers agree
