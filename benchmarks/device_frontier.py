@@ -45,13 +45,15 @@ def export_row(
 ) -> dict[str, Path]:
     """Export `ckpt` in every format (one ONNX graph, one PyTorch evaluation); folder per format."""
     from lsan.export.export import export
+    from lsan.export.quantize import TABLE_FORMATS
 
     base = work / name
     folders = {f: base.with_name(f"{base.name}-{f}") for f in formats}
-    if all((p / "manifest.json").is_file() for p in folders.values()):
-        return folders  # exported before (delete --work to redo)
-    export(ckpt, base, quant="auto", formats=tuple(formats), every_format=base, force=True,
-           data_dir=data_dir, log=lambda *a: print(f"[{name}]", *a, file=sys.stderr))  # fmt: skip
+    if not all((p / "manifest.json").is_file() for p in folders.values()):
+        export(ckpt, base, quant="auto", formats=tuple(formats), every_format=base, force=True,
+               data_dir=data_dir, log=lambda *a: print(f"[{name}]", *a, file=sys.stderr))  # fmt: skip
+    # plus what auto adds for this checkpoint (lowbit for a low-bit table)
+    folders |= {f: base.with_name(f"{base.name}-{f}") for f in TABLE_FORMATS}
     return {f: p for f, p in folders.items() if (p / "manifest.json").is_file()}
 
 
