@@ -137,6 +137,9 @@ def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
     if not taken:
         raise TeacherError(f"train.init {path} ({run.model_name}) shares no tensor with this model")
     model.load_state_dict({**own, **{k: theirs[k].to(own[k].device) for k in taken}})
+    table = getattr(model, "item_emb", None)
+    if isinstance(table, LowBitTable):
+        table.refresh()  # steps for the weights just taken
     return {"path": path, "sha256": file_digest(Path(path) / "model.pt"),
             "tensors": len(taken), "of": len(own)}  # fmt: skip
 

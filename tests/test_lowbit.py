@@ -186,3 +186,20 @@ def test_init_starts_from_a_checkpoint_and_a_bad_one_is_a_clear_error(lowbit_ckp
                       "--out", str(tmp_path / "x"), "--quiet", "--set", "train.epochs=1"])  # fmt: skip
     err = capsys.readouterr().err
     assert code != 0 and "train.init" in err and "Traceback" not in err
+
+
+def test_a_fixed_grid_keeps_its_steps_across_epochs_and_a_refreshing_one_follows_the_weights():
+    fixed, moving = LowBitTable(30, 8, 2, refresh_steps=False), LowBitTable(30, 8, 2)
+    for t in (fixed, moving):
+        t.reset(0.1)
+        before = t.row_exps.clone()
+        with torch.no_grad():
+            t.weight.mul_(4.0)  # rows four times larger want steps two octaves up
+        t.train()
+        moved = (t.row_exps.long() - before.long())[1:]
+        if t is fixed:
+            assert torch.equal(t.row_exps, before)
+            t.refresh()  # what a start from a checkpoint calls
+            assert torch.all((t.row_exps.long() - before.long())[1:] == 16)
+        else:
+            assert torch.all(moved == 16)
