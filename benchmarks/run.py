@@ -102,7 +102,7 @@ def run_suite(
             log("scaling")
             res["scaling"] = scaling.measure(
                 scaling.architectures(ckpts), list(s.scaling_sizes), work, peak, s.warmup,
-                s.repeats, s.budget_s, s.max_memory, log,
+                s.repeats, s.budget_s, s.max_memory, log, s.k,
             )  # fmt: skip
         if "bound" not in s.skip:
             res["bound"] = {

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lsan.artifact import session
+from lsan.artifact import DEFAULT_K, session
 from lsan.benchmarks.artifacts import Checkpoint
 from lsan.benchmarks.bound import bound_row
 from lsan.benchmarks.latency import request_feeds, summary, timed
@@ -69,7 +69,7 @@ def fp32_bytes(name: str, cfg: Any, num_items: int) -> int:
 
 def measure(
     archs: list[tuple[str, str, Any, DataInfo]], sizes: list[int], work: Path, peak: dict,
-    warmup: int, repeats: int, budget_s: float, max_memory: int, log=print,
+    warmup: int, repeats: int, budget_s: float, max_memory: int, log=print, k: int = DEFAULT_K,
 ) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
     for num_items in sizes:
@@ -85,7 +85,7 @@ def measure(
             model = build_model(name, cfg, info).eval()
             total, item = weights(model, info)
             fp32 = work / "scaling-fp32.onnx"
-            export_fp32(model, info, fp32, min(100, num_items))
+            export_fp32(model, info, fp32, min(k, num_items))  # the artifacts' top-K
             x = request_feeds(info, 1, info.max_len)
             for fmt in ("fp32", "int8"):
                 path = fp32 if fmt == "fp32" else work / f"scaling-{fmt}.onnx"
