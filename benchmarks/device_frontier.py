@@ -45,15 +45,20 @@ def export_row(
 ) -> dict[str, Path]:
     """Export `ckpt` in every format (one ONNX graph, one PyTorch evaluation); folder per format."""
     from lsan.export.export import export
-    from lsan.export.quantize import TABLE_FORMATS
 
     base = work / name
-    folders = {f: base.with_name(f"{base.name}-{f}") for f in formats}
-    if not all((p / "manifest.json").is_file() for p in folders.values()):
+    if set(formats) - set(written(base, formats)):
         export(ckpt, base, quant="auto", formats=tuple(formats), every_format=base, force=True,
                data_dir=data_dir, log=lambda *a: print(f"[{name}]", *a, file=sys.stderr))  # fmt: skip
-    # plus what auto adds for this checkpoint (lowbit for a low-bit table)
-    folders |= {f: base.with_name(f"{base.name}-{f}") for f in TABLE_FORMATS}
+    return written(base, formats)
+
+
+def written(base: Path, formats: list[str]) -> dict[str, Path]:
+    """The artifact folder of each format exported beside `base`, with those `auto` adds for
+    the checkpoint (lowbit for a low-bit table)."""
+    from lsan.export.quantize import TABLE_FORMATS
+
+    folders = {f: base.with_name(f"{base.name}-{f}") for f in (*formats, *TABLE_FORMATS)}
     return {f: p for f, p in folders.items() if (p / "manifest.json").is_file()}
 
 

@@ -16,6 +16,8 @@ def frontier(small_ds, tmp_path_factory):
     small = train_tiny("sasrec", {"dim": 8, "layers": 1}, small_ds, root / "small")
     codes = train_tiny("sasrec", {"dim": 16, "layers": 1, "item_table": "codes", "tables": 2,
                                   "code_size": 16, "own_rows": 20}, small_ds, root / "codes")  # fmt: skip
+    lowbit = train_tiny("sasrec", {"dim": 16, "layers": 1, "bits": 2, "hot_rows": 20}, small_ds,
+                        root / "lowbit")  # fmt: skip
     export_all = device_frontier.export_row
 
     def export_row(name, ckpt, formats, work, data_dir):  # the generated data, not a dataset dir
@@ -24,14 +26,15 @@ def frontier(small_ds, tmp_path_factory):
         base = work / name
         export(ckpt, base, formats=tuple(formats), every_format=base, force=True, k=20,
                ds=small_ds, log=lambda *a: None)  # fmt: skip
-        return {f: base.with_name(f"{base.name}-{f}") for f in formats}
+        return device_frontier.written(base, formats)
 
     device_frontier.export_row = export_row
     try:
         code = device_frontier.main(
             ["--name", "tiny", "--results", str(root / "results"), "--work", str(root / "art"),
              "--rounds", "2", "--formats", "fp32", "int8", "--reference", "big",
-             "--row", f"big={big}", "--row", f"small={small}", "--row", f"codes={codes}"]
+             "--row", f"big={big}", "--row", f"small={small}", "--row", f"codes={codes}",
+             "--row", f"lowbit={lowbit}"]
         )  # fmt: skip
     finally:
         device_frontier.export_row = export_all
@@ -41,7 +44,14 @@ def frontier(small_ds, tmp_path_factory):
 
 def test_every_artifact_has_the_fixed_keys_and_a_floor(frontier):
     rows = json.loads((frontier / "tiny.json").read_text())
-    assert len(rows) == 6  # 3 rows x 2 formats
+    assert len(rows) == 9  # 4 rows x 2 formats, and the low-bit row's own format
+    lowbit = [r for r in rows if r["name"] == "lowbit"]
+    assert sorted(r["format"] for r in lowbit) == ["fp32", "int8", "lowbit"]
+    assert all(r["item_table"] == "lowbit D=16 2-bit +20 at 4-bit" for r in lowbit)
+    # a low-bit student is compared against the SASRec baselines, never counted as one
+    within = [r["context"].get("best_sasrec_within_bytes") or "" for r in rows]
+    as_fast = [r["context"].get("fastest_sasrec_as_accurate") or "" for r in rows]
+    assert not [w for w in within + as_fast if w.startswith(("lowbit", "codes"))]
     for r in rows:
         assert list(r)[: len(RESULT_KEYS)] == list(RESULT_KEYS)
         c = r["context"]
