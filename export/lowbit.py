@@ -106,7 +106,9 @@ class _Nodes:
 
     def values(self, codes: np.ndarray, bits: int) -> str:
         """Rows (n, D) float: c - L + 0.5 for the codes of one width."""
-        c = self.op("Cast", [self.unpacked(pack(codes, bits), bits, codes.shape[1])], to=TensorProto.FLOAT)
+        c = self.op(
+            "Cast", [self.unpacked(pack(codes, bits), bits, codes.shape[1])], to=TensorProto.FLOAT
+        )
         return self.op("Add", [c, self.const(np.array(0.5 - 2 ** (bits - 1), np.float32))])
 
 
@@ -122,18 +124,42 @@ def decoder(t: PackedTable, out: str, prefix: str) -> tuple[list, list]:
         cold, hot = widths[0], widths[1]
         is_hot = t.bits == hot
         mask_bytes = pack(np.pad(is_hot, (0, -len(is_hot) % 8)).astype(np.uint8)[None], 1)[0]
-        m = n.op("Reshape", [n.unpacked(mask_bytes[None], 1, 8 * len(mask_bytes)), n.const(np.array([-1], np.int64))])
-        m = n.op("Slice", [m, n.const(np.array([0], np.int64)), n.const(np.array([len(is_hot)], np.int64))])
+        m = n.op(
+            "Reshape",
+            [
+                n.unpacked(mask_bytes[None], 1, 8 * len(mask_bytes)),
+                n.const(np.array([-1], np.int64)),
+            ],
+        )
+        m = n.op(
+            "Slice",
+            [m, n.const(np.array([0], np.int64)), n.const(np.array([len(is_hot)], np.int64))],
+        )
         m = n.op("Cast", [m], to=TensorProto.INT64)
         seen = n.op("CumSum", [m, n.const(np.array(0, np.int64))])  # hot rows up to each row
-        hot_at = n.op("Max", [n.op("Sub", [seen, n.const(np.array(1, np.int64))]), n.const(np.array(0, np.int64))])
-        ids = n.op("Range", [n.const(np.array(0, np.int64)), n.const(np.array(len(is_hot), np.int64)), n.const(np.array(1, np.int64))])
+        hot_at = n.op(
+            "Max",
+            [n.op("Sub", [seen, n.const(np.array(1, np.int64))]), n.const(np.array(0, np.int64))],
+        )
+        ids = n.op(
+            "Range",
+            [
+                n.const(np.array(0, np.int64)),
+                n.const(np.array(len(is_hot), np.int64)),
+                n.const(np.array(1, np.int64)),
+            ],
+        )
         cold_at = n.op("Max", [n.op("Sub", [ids, seen]), n.const(np.array(0, np.int64))])
         hot_rows = n.op("Gather", [n.values(t.codes[is_hot], hot), hot_at], axis=0)
         cold_rows = n.op("Gather", [n.values(t.codes[~is_hot], cold), cold_at], axis=0)
-        which = n.op("Unsqueeze", [n.op("Cast", [m], to=TensorProto.BOOL), n.const(np.array([-1], np.int64))])
+        which = n.op(
+            "Unsqueeze", [n.op("Cast", [m], to=TensorProto.BOOL), n.const(np.array([-1], np.int64))]
+        )
         rows = n.op("Where", [which, hot_rows, cold_rows])
-    exps = n.op("Add", [n.op("Cast", [n.const(t.exps)], to=TensorProto.INT32), n.const(np.array(128, np.int32))])
+    exps = n.op(
+        "Add",
+        [n.op("Cast", [n.const(t.exps)], to=TensorProto.INT32), n.const(np.array(128, np.int32))],
+    )
     steps = n.op("Gather", [n.const(rowquant.step_table().numpy()), exps], axis=0)
     steps = n.op("Unsqueeze", [steps, n.const(np.array([-1], np.int64))])
     n.op("Mul", [rows, steps], out)

@@ -102,7 +102,9 @@ def test_training_moves_the_float_weights_through_the_grid():
     with torch.no_grad():  # evaluation reads the grid values, nothing else
         q = table.matrix()
     codes = quantize_rows(table.weight, table.row_bits, table.row_exps)
-    torch.testing.assert_close(q, dequantize_rows(codes, table.row_exps, table.row_bits), rtol=0, atol=0)
+    torch.testing.assert_close(
+        q, dequantize_rows(codes, table.row_exps, table.row_bits), rtol=0, atol=0
+    )
 
 
 def test_steps_are_exact_powers_of_two_on_an_eighth_octave_grid():
@@ -132,11 +134,15 @@ def test_a_low_bit_model_learns_and_records_its_widths(lowbit_ckpt, small_ds, tm
     assert int((bits == 4).sum()) == 40 and int(bits[0]) == 2
     # as accurate as the same model with a float table, at the same epochs: the grid costs little
     full = {k: v for k, v in LOWBIT.items() if "bits" not in k and k != "hot_rows"}
-    ref = json.loads((train_tiny("sasrec", full, small_ds, tmp_path / "f", 3) / "metrics.json").read_text())
+    ref = json.loads(
+        (train_tiny("sasrec", full, small_ds, tmp_path / "f", 3) / "metrics.json").read_text()
+    )
     assert metrics["test"]["NDCG@10"] > 0.9 * ref["test"]["NDCG@10"] > 0.05  # random: ~0.015
 
 
-def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(lowbit_ckpt, small_ds, tmp_path):
+def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(
+    lowbit_ckpt, small_ds, tmp_path
+):
     out = tmp_path / "art"
     meta = export(lowbit_ckpt, out, quant="auto", ds=small_ds, log=lambda *a: None,
                   formats=("fp32", "int4"), every_format=tmp_path / "all")  # fmt: skip
@@ -158,7 +164,9 @@ def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(lowbit_
     dim, hot = LOWBIT["dim"], LOWBIT["hot_rows"]
     budget = (rows - hot) * dim * 2 // 8 + hot * dim // 2 + rows + rows // 8 + 1 + 256 * 4
     tensors = [onnx.numpy_helper.to_array(i) for i in m.graph.initializer]
-    stored = sum(t.nbytes for t in tensors if t.dtype in (np.uint8, np.int8) and t.size >= rows // 8)
+    stored = sum(
+        t.nbytes for t in tensors if t.dtype in (np.uint8, np.int8) and t.size >= rows // 8
+    )
     assert budget - 64 <= stored + 256 * 4 <= budget + 64
 
 
@@ -168,7 +176,9 @@ def test_lowbit_is_refused_for_a_float_table(small_ds, tmp_path):
         export(ck, tmp_path / "art", quant="lowbit", ds=small_ds, log=lambda *a: None)
 
 
-def test_init_starts_from_a_checkpoint_and_a_bad_one_is_a_clear_error(lowbit_ckpt, small_ds, tmp_path, capsys):
+def test_init_starts_from_a_checkpoint_and_a_bad_one_is_a_clear_error(
+    lowbit_ckpt, small_ds, tmp_path, capsys
+):
     from lsan.config import DataConfig, RunConfig, TrainConfig
     from lsan.train import train
 

@@ -139,7 +139,7 @@ class LowBitTable(FullTable):
         if not self.frozen:
             self.row_exps.copy_(rowquant.choose_exponents(self.weight, self.row_bits))
 
-    def train(self, mode: bool = True) -> "LowBitTable":
+    def train(self, mode: bool = True) -> LowBitTable:
         if mode and self.refresh_steps:
             self.refresh()
         return super().train(mode)
