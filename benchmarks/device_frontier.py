@@ -206,12 +206,19 @@ def latency_table(points: list[dict[str, Any]], reference: str) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
+def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = "") -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 5.5))
     ax = fig.subplots()
-    markers = {"fp32": "o", "fp16": "s", "int8": "^", "int8-static": "v", "int4": "D"}
+    markers = {
+        "fp32": "o",
+        "fp16": "s",
+        "int8": "^",
+        "int8-static": "v",
+        "int4": "D",
+        "lowbit": "*",
+    }
     shown = [p for p in points if p["test_ndcg10"] is not None]
     for name in sorted({p["name"] for p in shown}):
         pts = sorted((p for p in shown if p["name"] == name), key=lambda p: p["artifact_bytes"])
@@ -222,6 +229,10 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
                        marker=markers.get(p["format"], "o"))  # fmt: skip
             ax.annotate(p["format"], (p["artifact_bytes"], p["test_ndcg10"]), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")  # fmt: skip
+    ref = next((p for p in shown if p["name"] == reference and p["format"] == "fp32"), None)
+    if ref is not None:  # the device target: 5% of the reference's bytes at its accuracy
+        ax.axvline(0.05 * ref["model_onnx_bytes"], color="grey", ls="--", lw=0.8)
+        ax.axhline(ref["test_ndcg10"], color="grey", ls="--", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("artifact bytes, every file shipped (log scale)")
     ax.set_ylabel("test NDCG@10 (onnxruntime on the file, full ranking)")
@@ -288,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
     md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
     (out / f"{args.name}.md").write_text(f"# {args.name}\n\n`{command}`\n\n{md}")
-    plot(points, out / f"{args.name}.png", args.name)
+    plot(points, out / f"{args.name}.png", args.name, args.reference)
     print(md)
     return 0
 
