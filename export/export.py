@@ -67,6 +67,11 @@ def export(
             "user id (items, cats, slots only); serve it from PyTorch or export a sequence model"
         )
     table = freeze(model)  # a low-bit table: its quantized values, as trained and evaluated
+    if quant in TABLE_FORMATS and table is None:
+        raise ExportError(
+            f"--quant {quant} needs a checkpoint trained with a low-bit item table (model.bits > 0); "
+            f"{ckpt} has model.item_table={getattr(run.model, 'item_table', 'full')} without bits"
+        )
     if k < 1 or k > info.num_items:
         raise ExportError(f"--k must be in 1..{info.num_items}")
     dataset = json.loads((ckpt / "dataset.json").read_text())
