@@ -27,7 +27,7 @@ from lsan.data.prepare import SeqDataset, data_root, load_dataset
 from lsan.data.readers import DataError, read_titles
 from lsan.export import ExportError, place
 from lsan.export.graph import OPSET, embed_properties, export_fp32
-from lsan.export.lowbit import freeze
+from lsan.export.lowbit import NEEDS_BITS, freeze
 from lsan.export.quantize import (
     ALL_FORMATS,
     AUTO_FORMATS,
@@ -68,10 +68,7 @@ def export(
         )
     table = freeze(model)  # a low-bit table: its quantized values, as trained and evaluated
     if quant in TABLE_FORMATS and table is None:
-        raise ExportError(
-            f"--quant {quant} needs a checkpoint trained with a low-bit item table (model.bits > 0); "
-            f"{ckpt} has model.item_table={getattr(run.model, 'item_table', 'full')} without bits"
-        )
+        raise ExportError(f"--quant {quant} {NEEDS_BITS}; {ckpt}'s table has no bits")
     if k < 1 or k > info.num_items:
         raise ExportError(f"--k must be in 1..{info.num_items}")
     dataset = json.loads((ckpt / "dataset.json").read_text())

@@ -32,15 +32,24 @@ from lsan.export import ExportError
 from lsan.models import rowquant
 from lsan.models.item_tables import LowBitTable
 
+NEEDS_BITS = "needs a checkpoint trained with a low-bit item table (model.bits > 0)"
+
 
 @dataclass(frozen=True)
 class PackedTable:
     """A frozen low-bit table as the export stores it (arrays over rows 0..|V|)."""
 
-    values: np.ndarray  # (R, D) float32: what the fp32 graph holds, to find it there
     codes: np.ndarray  # (R, D) uint8
     exps: np.ndarray  # (R,) int8
     bits: np.ndarray  # (R,) uint8
+
+    @property
+    def values(self) -> np.ndarray:
+        """(R, D) float32, PyTorch's decoding: what the fp32 graph holds (and the decoder must
+        rebuild), exactly the frozen table's weights."""
+        return rowquant.dequantize_rows(
+            torch.as_tensor(self.codes), torch.as_tensor(self.exps), torch.as_tensor(self.bits)
+        ).numpy()
 
 
 def freeze(model: nn.Module) -> PackedTable | None:
@@ -50,9 +59,8 @@ def freeze(model: nn.Module) -> PackedTable | None:
         return None
     codes = table.freeze()
     return PackedTable(
-        table.weight.detach().cpu().numpy().copy(), codes.cpu().numpy(),
-        table.row_exps.cpu().numpy(), table.row_bits.cpu().numpy(),
-    )  # fmt: skip
+        codes.cpu().numpy(), table.row_exps.cpu().numpy(), table.row_bits.cpu().numpy()
+    )
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -64,14 +72,6 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     c = codes.astype(np.uint8).reshape(rows, d // per, per)
     shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
     return np.bitwise_or.reduce(c << shifts, axis=-1).astype(np.uint8)
-
-
-def unpack(packed: np.ndarray, bits: int, d: int) -> np.ndarray:
-    """The inverse of `pack` (the numpy twin of the ONNX decoder, for tests)."""
-    per = 8 // bits
-    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
-    c = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
-    return c.reshape(packed.shape[0], -1)[:, :d]
 
 
 class _Nodes:
@@ -92,7 +92,7 @@ class _Nodes:
         self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
         return out
 
-    def unpacked(self, packed: np.ndarray, bits: int, d: int) -> str:
+    def unpacked(self, packed: np.ndarray, bits: int) -> str:
         """Codes (rows, d) as int32 from the packed bytes, in foldable standard ops."""
         x = self.const(packed)
         if bits < 8:
@@ -106,9 +106,7 @@ class _Nodes:
 
     def values(self, codes: np.ndarray, bits: int) -> str:
         """Rows (n, D) float: c - L + 0.5 for the codes of one width."""
-        c = self.op(
-            "Cast", [self.unpacked(pack(codes, bits), bits, codes.shape[1])], to=TensorProto.FLOAT
-        )
+        c = self.op("Cast", [self.unpacked(pack(codes, bits), bits)], to=TensorProto.FLOAT)
         return self.op("Add", [c, self.const(np.array(0.5 - 2 ** (bits - 1), np.float32))])
 
 
@@ -127,7 +125,7 @@ def decoder(t: PackedTable, out: str, prefix: str) -> tuple[list, list]:
         m = n.op(
             "Reshape",
             [
-                n.unpacked(mask_bytes[None], 1, 8 * len(mask_bytes)),
+                n.unpacked(mask_bytes[None], 1),
                 n.const(np.array([-1], np.int64)),
             ],
         )
@@ -168,11 +166,11 @@ def decoder(t: PackedTable, out: str, prefix: str) -> tuple[list, list]:
 
 def replace_table(model: onnx.ModelProto, t: PackedTable) -> str:
     """Swap the float initializer holding `t.values` for its decoder; the initializer's name."""
-    graph = model.graph
+    graph, values = model.graph, t.values
     for i, init in enumerate(graph.initializer):
-        if list(init.dims) != list(t.values.shape) or init.data_type != TensorProto.FLOAT:
+        if list(init.dims) != list(values.shape) or init.data_type != TensorProto.FLOAT:
             continue
-        if np.array_equal(numpy_helper.to_array(init), t.values):
+        if np.array_equal(numpy_helper.to_array(init), values):
             nodes, inits = decoder(t, init.name, prefix=f"{init.name}_lb_")
             del graph.initializer[i]
             graph.initializer.extend(inits)
@@ -186,9 +184,7 @@ def replace_table(model: onnx.ModelProto, t: PackedTable) -> str:
 def quantize_lowbit(fp32: Path, out: Path, t: PackedTable | None) -> None:
     """Write the lowbit format of the fp32 graph `fp32` to `out`."""
     if t is None:
-        raise ExportError(
-            "the lowbit format needs a checkpoint trained with a low-bit table (model.bits > 0)"
-        )
+        raise ExportError(f"the lowbit format {NEEDS_BITS}")
     from lsan.export.int4 import quantize_int4
 
     model = onnx.load(str(fp32))
@@ -197,10 +193,3 @@ def quantize_lowbit(fp32: Path, out: Path, t: PackedTable | None) -> None:
         staged = Path(tmp) / "table.onnx"
         onnx.save(model, str(staged))
         quantize_int4(staged, out)
-
-
-def dequantized(t: PackedTable) -> np.ndarray:
-    """The table `t` stores, computed in PyTorch (what the decoder must reproduce)."""
-    return rowquant.dequantize_rows(
-        torch.as_tensor(t.codes), torch.as_tensor(t.exps), torch.as_tensor(t.bits)
-    ).numpy()

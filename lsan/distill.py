@@ -147,7 +147,8 @@ def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
 def prepare_codes(
     model: nn.Module, counts: np.ndarray, teacher: nn.Module | None, seed: int
 ) -> dict[str, Any]:
-    """Assign a `codes` item table's codes from data (no-op for other tables); a summary."""
+    """Set a table's data-driven layout: a `codes` table's codes, a low-bit table's hot rows
+    (no-op for other tables); a summary for metrics.json."""
     table = getattr(model, "item_emb", None)
     if isinstance(table, LowBitTable):
         hot = table.assign_hot(counts) if table.hot_rows else 0

@@ -81,11 +81,14 @@ class FullTable(nn.Embedding):
     def __init__(self, num_items: int, dim: int):
         super().__init__(num_items + 1, dim, padding_idx=PAD)
 
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        return F.embedding(items, self.matrix(), PAD)
+
     def base(self, items: torch.Tensor) -> torch.Tensor:
         return self(items).unsqueeze(-2)
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.weight.T
+        return h @ self.matrix().T
 
     def score_ids(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return (h.unsqueeze(-2) * self(ids)).sum(-1)
@@ -102,7 +105,8 @@ class FullTable(nn.Embedding):
 class LowBitTable(FullTable):
     """A full table trained through its row-wise low-bit grid (lsan/models/rowquant.py).
 
-    Every read (embedding, scores, matrix) sees the quantized rows, gradients reach the float
+    Every read (embedding, scores: FullTable reads through `matrix()`) sees the quantized rows,
+    gradients reach the float
     weights straight through, so what the export packs is exactly what was trained and
     evaluated. Buffers (saved with the weights): `row_bits`, each row's width (the `hot_rows`
     most popular items get `hot_bits`, set from training counts by `assign_hot`), and
@@ -155,19 +159,11 @@ class LowBitTable(FullTable):
         self.refresh()
         return int(top.numel())
 
-    def quantized(self) -> torch.Tensor:
+    def matrix(self) -> torch.Tensor:
+        """The rows on their grid (every read of the table goes through here)."""
         if self.frozen:
             return self.weight
         return rowquant.fake_quantize(self.weight, self.row_bits, self.row_exps)
-
-    def forward(self, items: torch.Tensor) -> torch.Tensor:
-        return F.embedding(items, self.quantized(), PAD)
-
-    def scores(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.quantized().T
-
-    def matrix(self) -> torch.Tensor:
-        return self.quantized()
 
     @torch.no_grad()
     def freeze(self) -> torch.Tensor:

@@ -13,8 +13,8 @@ its exponents and chooses them again once per epoch, not per step); the codes fo
 weights and the exponents. Rows of different widths coexist (popular items can get more bits:
 `model.hot_rows`).
 
-The step table `STEPS` is materialised once and indexed (in PyTorch and in the ONNX decoder
-alike), so the shipped file decodes to exactly the values PyTorch evaluated.
+The 256 steps (`step_table()`) are materialised and indexed, in PyTorch and in the ONNX decoder
+alike, so the shipped file decodes to exactly the values PyTorch evaluated.
 """
 
 from __future__ import annotations
@@ -37,10 +37,14 @@ def levels(bits: torch.Tensor) -> torch.Tensor:
     return torch.exp2(bits.float() - 1).unsqueeze(-1)
 
 
+def steps_of(exps: torch.Tensor) -> torch.Tensor:
+    """Each row's step (R, 1) for its exponent byte (R,)."""
+    return step_table().to(exps.device)[exps.long() + 128].unsqueeze(-1)
+
+
 def dequantize_rows(codes: torch.Tensor, exps: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """(R, D) values of codes (R, D) uint8 with exponents (R,) int8 at widths (R,)."""
-    steps = step_table().to(codes.device)[exps.long() + 128].unsqueeze(-1)
-    return (codes.float() - levels(bits) + 0.5) * steps
+    return (codes.float() - levels(bits) + 0.5) * steps_of(exps)
 
 
 def _codes(w: torch.Tensor, step: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
@@ -50,8 +54,7 @@ def _codes(w: torch.Tensor, step: torch.Tensor, lv: torch.Tensor) -> torch.Tenso
 @torch.no_grad()
 def quantize_rows(w: torch.Tensor, bits: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
     """Codes (R, D) uint8 of rows w (R, D) at widths bits (R,) and step exponents exps (R,)."""
-    step = step_table().to(w.device)[exps.long() + 128].unsqueeze(-1)
-    return _codes(w.detach().float(), step, levels(bits)).to(torch.uint8)
+    return _codes(w.detach().float(), steps_of(exps), levels(bits)).to(torch.uint8)
 
 
 @torch.no_grad()
@@ -75,5 +78,7 @@ def choose_exponents(w: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
 
 def fake_quantize(w: torch.Tensor, bits: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
     """w on its row-wise grid; gradients pass straight through (the identity) while training."""
-    q = dequantize_rows(quantize_rows(w, bits, exps), exps, bits).to(w.dtype)
+    step, lv = steps_of(exps), levels(bits)
+    with torch.no_grad():  # the same values as dequantize_rows(quantize_rows(...)), one pass
+        q = ((_codes(w.float(), step, lv) - lv + 0.5) * step).to(w.dtype)
     return w + (q - w).detach() if torch.is_grad_enabled() and w.requires_grad else q
