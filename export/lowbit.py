@@ -4,7 +4,8 @@ A checkpoint trained with `model.bits` (lsan/models/rowquant.py) has a table who
 exactly (c - L + 0.5) * 2^(e / 8). This format stores what defines them and nothing else:
 
 - `codes` of the rows at each width, packed 8 / bits to a byte (low bits first), the rows of a
-  width in id order (2 bits: 8 bytes a row at D = 32, against 16 in int4 and 128 in fp32);
+  width in id order (2 bits: 8 bytes a row at D = 32, against 21 in int4 with its scale and zero
+  point, and 128 in fp32);
 - one exponent byte per row and the 256-entry step table (1 KB), gathered, not computed, so the
   values are bit for bit PyTorch's;
 - with two widths, a bitmask (one bit per row) saying which rows are the hot ones.
