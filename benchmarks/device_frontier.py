@@ -14,6 +14,10 @@ speed against the fastest SASRec artifact that is at least as accurate. For ever
 SASRec artifact that fits in the same bytes, so "compression" is judged against simply using a
 smaller SASRec. Writes `<name>.json` (a list, one object per artifact with the keys the
 device-frontier issue fixes, plus a `context` object), `<name>.md` and `<name>.png` in --results.
+
+--keep carries over the rows of the existing `<name>.json` that this run does not measure (a
+checkpoint that no longer exists, a row too long to retrain): their figures and commit stay as
+they were, `context.carried` says so, and their latencies come from their own interleaved run.
 """
 
 from __future__ import annotations
@@ -173,8 +177,9 @@ def table(points: list[dict[str, Any]], reference: str) -> str:
         ndcg = "–" if p["test_ndcg10"] is None else f"{p['test_ndcg10']:.4f}"
         hr = "–" if p["test_hr10"] is None else f"{p['test_hr10']:.4f}"
         rel = p.get("ndcg10_vs_reference")
+        name = p["name"] + (f" ({p['carried'][:7]})" if p.get("carried") else "")
         lines.append(
-            f"| {p['name']} | {p['model']} | {p['item_table']} | {'yes' if p['teacher'] else '–'} "
+            f"| {name} | {p['model']} | {p['item_table']} | {'yes' if p['teacher'] else '–'} "
             f"| {p['format']} | {p['artifact_bytes']:,} | {pct(p.get('bytes_vs_reference'))} "
             f"| {ndcg} | {hr} | {pct(None if rel is None else rel - 1, True)} "
             f"| {p['best_sasrec_within_bytes'] or '–'} "
@@ -256,7 +261,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="")
     p.add_argument("--rounds", type=int, default=20, help="latency rounds (x 20 calls each)")
     p.add_argument("--k", type=int, default=DEFAULT_K, help="top-K exported (the floor's TopK)")
+    p.add_argument("--keep", action="store_true",
+                   help="carry over the existing results' rows that this run does not measure")  # fmt: skip
     return p
+
+
+def carried(path: Path, measured: set[str]) -> list[dict[str, Any]]:
+    """The rows of an earlier results file whose names this run does not measure, as points
+    (flat, like a measured one) marked `carried`; comparisons are computed again."""
+    if not path.is_file():
+        return []
+    derived = ("bytes_vs_reference", "ndcg10_vs_reference", "best_sasrec_within_bytes",
+               "vs_best_sasrec_within_bytes", "fastest_sasrec_as_accurate",
+               "speedup_vs_that_sasrec")  # fmt: skip
+    points = []
+    for r in json.loads(path.read_text()):
+        if r["name"] in measured:
+            continue
+        ctx = {k: v for k, v in r.get("context", {}).items() if k not in derived}
+        since = ctx.pop("carried", None) or r["commit"]
+        points.append({k: v for k, v in r.items() if k != "context"} | ctx | {"carried": since})
+    return points
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,8 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **work[key]}
         p["p50_ms"] = times[key]["warm"]["p50"]
         p["commit"] = commit()
-    compare(points, args.reference)
     out = Path(args.results)
+    if args.keep:
+        points += carried(out / f"{args.name}.json", {name for name, _ in rows})
+    compare(points, args.reference)
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.device_frontier " + " ".join(
         argv if argv is not None else sys.argv[1:]
@@ -294,10 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     record = [{k: p[k] for k in RESULT_KEYS} | {"context": {k: v for k, v in p.items() if k not in RESULT_KEYS}}
               for p in points]  # fmt: skip
     for r in record:
-        r["context"]["frontier_command"] = command
-        r["context"]["floor_reference"] = work["_reference"]
+        r["context"].setdefault("frontier_command", command)  # a carried row keeps its own
+        r["context"].setdefault("floor_reference", work["_reference"])
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
     md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
+    if any(p.get("carried") for p in points):
+        md += ("\nRows named with a commit in brackets are carried over from that commit's run "
+               "(--keep): their latencies were interleaved with that run's artifacts, not these.\n")
     (out / f"{args.name}.md").write_text(f"# {args.name}\n\n`{command}`\n\n{md}")
     plot(points, out / f"{args.name}.png", args.name, args.reference)
     print(md)

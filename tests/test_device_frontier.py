@@ -1,6 +1,7 @@
 """The device frontier benchmark end to end on tiny checkpoints: keys, floors, comparisons."""
 
 import json
+import shutil
 
 import pytest
 from conftest import train_tiny
@@ -29,17 +30,39 @@ def frontier(small_ds, tmp_path_factory):
         return device_frontier.written(base, formats)
 
     device_frontier.export_row = export_row
+    common = ["--name", "tiny", "--work", str(root / "art"), "--rounds", "2", "--formats", "fp32",
+              "int8", "--reference", "big"]  # fmt: skip
     try:
         code = device_frontier.main(
-            ["--name", "tiny", "--results", str(root / "results"), "--work", str(root / "art"),
-             "--rounds", "2", "--formats", "fp32", "int8", "--reference", "big",
-             "--row", f"big={big}", "--row", f"small={small}", "--row", f"codes={codes}",
-             "--row", f"lowbit={lowbit}"]
+            [*common, "--results", str(root / "results"), "--row", f"big={big}",
+             "--row", f"small={small}", "--row", f"codes={codes}", "--row", f"lowbit={lowbit}"]
         )  # fmt: skip
+        assert code == 0
+        # a later run re-measures one row and carries the others over (--keep)
+        shutil.copytree(root / "results", root / "kept")
+        code = device_frontier.main(
+            [*common, "--results", str(root / "kept"), "--keep", "--row", f"small={small}"]
+        )
     finally:
         device_frontier.export_row = export_all
     assert code == 0
     return root / "results"
+
+
+def test_keep_carries_the_rows_a_run_does_not_measure(frontier):
+    first = json.loads((frontier / "tiny.json").read_text())
+    kept = json.loads((frontier.parent / "kept" / "tiny.json").read_text())
+    assert sorted((r["name"], r["format"]) for r in kept) == sorted(
+        (r["name"], r["format"]) for r in first
+    )
+    for r in kept:
+        old = next(o for o in first if (o["name"], o["format"]) == (r["name"], r["format"]))
+        if r["name"] == "small":  # measured again: its own latency and no carried mark
+            assert "carried" not in r["context"] and r["p50_ms"] != old["p50_ms"]
+        else:  # as it was, marked with the commit that measured it
+            assert r["context"]["carried"] == old["commit"] and r["p50_ms"] == old["p50_ms"]
+            assert r["context"]["frontier_command"] == old["context"]["frontier_command"]
+    assert "carried over" in (frontier.parent / "kept" / "tiny.md").read_text()
 
 
 def test_every_artifact_has_the_fixed_keys_and_a_floor(frontier):
