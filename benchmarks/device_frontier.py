@@ -326,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
     md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
     if any(p.get("carried") for p in points):
-        md += ("\nRows named with a commit in brackets are carried over from that commit's run "
-               "(--keep): their latencies were interleaved with that run's artifacts, not these.\n")
+        md += (
+            "\nRows named with a commit in brackets are carried over from that commit's run "
+            "(--keep): their latencies were interleaved with that run's artifacts, not these.\n"
+        )
     (out / f"{args.name}.md").write_text(f"# {args.name}\n\n`{command}`\n\n{md}")
     plot(points, out / f"{args.name}.png", args.name, args.reference)
     print(md)
