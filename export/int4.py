@@ -336,6 +336,56 @@ def rewrite(init: TensorProto, uses: dict, outputs: set[str], block: int, edit: 
     return how
 
 
+def blob_axis(name: str, shape: tuple[int, ...], uses: dict, outputs: set[str], block: int) -> int:
+    """The axis to block a decoded-at-load tensor along: the one its first 4-bit kernel would
+    use (a MatMul weight along K, so each dot product meets few scales), else `block_axis`."""
+    for node, slot in uses.get(name, []):
+        axis = None if slot < 0 else kernel_axis(node, slot, shape, uses, outputs, block)
+        if axis is not None:
+            return axis
+    return block_axis(shape)
+
+
+def blob_decoders(tensors: dict[str, tuple[np.ndarray, int]], block: int, edit: Edit) -> list[str]:
+    """Decode-at-load for many tensors from one stored matrix: each tensor (array, blocking
+    axis) becomes rows of one block along that axis; the rows of all are quantized as one (R, block)
+    matrix with one shared decoder (folded at load), and each tensor is a Slice of it (plus a
+    Reshape and, for a leading block axis, a Transpose), folded too. Same bytes of codes, scales
+    and zero points as one matrix per tensor, a fraction of the nodes; returns the names."""
+    parts, names, start = [], [], 0
+    slices: list[tuple[str, int, int, tuple[int, ...], int]] = []
+    for name, (x, axis) in tensors.items():
+        rows = np.moveaxis(x, axis, -1).reshape(-1, block)
+        slices.append((name, start, start + len(rows), x.shape, axis))
+        parts.append(rows)
+        names.append(name)
+        start += len(rows)
+    blob = f"q4blob{block}"
+    q, prefix = storage(blob, np.concatenate(parts), 1, block, edit)
+    decoder(blob, (start, block), 1, q, prefix, edit)
+    zero = numpy_helper.from_array(np.array([0], np.int64), blob + ".axis0")
+    edit.initializers.append(zero)
+    for name, a, b, shape, axis in slices:
+        moved = [*np.delete(shape, axis), shape[axis]]
+        consts = {".a": [a], ".b": [b], ".shape": moved}
+        edit.initializers += [
+            numpy_helper.from_array(np.array(v, np.int64), name + k) for k, v in consts.items()
+        ]
+        rows = name + ".rows"
+        edit.decoders.append(
+            helper.make_node("Slice", [blob, name + ".a", name + ".b", zero.name], [rows])
+        )
+        if axis == len(shape) - 1:
+            edit.decoders.append(helper.make_node("Reshape", [rows, name + ".shape"], [name]))
+        else:
+            perm = [*range(axis), len(shape) - 1, *range(axis, len(shape) - 1)]
+            edit.decoders += [
+                helper.make_node("Reshape", [rows, name + ".shape"], [name + ".moved"]),
+                helper.make_node("Transpose", [name + ".moved"], [name], perm=perm),
+            ]
+    return names
+
+
 def nbits(node: NodeProto, q: Blocks, prefix: str, edit: Edit) -> list[NodeProto]:
     """MatMul, or Gemm with its optional bias added after, as MatMulNBits reading `prefix` codes."""
     if len(node.input) < 3 or not node.input[2]:
@@ -348,8 +398,9 @@ def nbits(node: NodeProto, q: Blocks, prefix: str, edit: Edit) -> list[NodeProto
 
 
 def quantize_int4(
-    src: Path, dst: Path, block_size: int = 32, min_elements: int = 1024, accuracy_level: int = 4
-) -> dict[str, Any]:
+    src: Path, dst: Path, block_size: int = 32, min_elements: int = 1024, accuracy_level: int = 4,
+    decode_below: int = 0,
+) -> dict[str, Any]:  # fmt: skip
     """Write the 4-bit-weight version of fp32 ONNX model `src` to `dst`; returns a report.
 
     `accuracy_level` is MatMulNBits' compute type: 4 (the default) multiplies with int8
@@ -357,6 +408,12 @@ def quantize_int4(
     batch); measured here it is as fast as fp32 at batch 1 and agrees with fp32 as closely as
     level 0, which dequantizes the weights to fp32 in the kernel and was ~1.5x slower on a
     12k x 64 output layer. Without int8 dot products onnxruntime falls back to fp32 compute.
+
+    `decode_below` > 0: every tensor with fewer elements (an encoder's weights, not an item
+    table) whose blocking axis splits into whole blocks is decoded at load instead
+    (`blob_decoders`: one stored matrix for all of them, the same bytes): requests then run
+    plain fp32 MatMuls on cache-resident weights instead of MatMulNBits with per-call
+    activation quantization, and answer exactly as the decoded fp32 graph would.
 
     Report: file sizes, the count of each rewrite ("Gather->GatherBlockQuantized",
     "Transpose+MatMul->MatMulNBits", ..., "decoded at load"), each quantized initializer with
@@ -376,6 +433,7 @@ def quantize_int4(
     edit = Edit(accuracy_level)
     kept_float: dict[str, str] = {}
     quantized: dict[str, dict[str, Any]] = {}
+    small: dict[int, dict[str, np.ndarray]] = {}  # block -> tensors decoded at load from a blob
     for init in graph.initializer:
         if init.data_type in OTHER_FLOATS:
             kept_float[init.name] = "not float32"
@@ -385,8 +443,18 @@ def quantize_int4(
         if reason:
             kept_float[init.name] = reason
             continue
+        shape = tuple(init.dims)
+        block = fitted_block(shape, block_size)
+        axis = blob_axis(init.name, shape, uses, outputs, block)
+        if int(np.prod(shape)) < decode_below and shape[axis] % block == 0:
+            x = numpy_helper.to_array(init).astype(np.float32)
+            small.setdefault(block, {})[init.name] = (x, axis)
+            quantized[init.name] = {"shape": list(shape), "read_as": ["decoded at load (blob)"]}
+            continue
         how = rewrite(init, uses, outputs, block_size, edit)
         quantized[init.name] = {"shape": list(init.dims), "read_as": how}
+    for block, tensors in small.items():
+        blob_decoders(tensors, block, edit)
     apply(model, edit, set(quantized))
     onnx.save(model, str(dst))
     counts = Counter(h for q in quantized.values() for h in q["read_as"])

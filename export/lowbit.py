@@ -14,7 +14,8 @@ A decoder of standard ops (BitShift, BitwiseAnd, Cast, CumSum, Gather, Where, Mu
 float table from these initializers; every input is a constant, so onnxruntime folds it once
 when the session loads and a request reads the table as in fp32 (Gather for the history, the
 tied MatMul for the scores). The rest of the graph (encoder weights, positions) then goes
-through the int4 rewrite (export/int4.py), which leaves the decoder's integer tensors alone.
+through the int4 rewrite (export/int4.py), which leaves the decoder's integer tensors alone and
+stores those small tensors as one 4-bit matrix decoded at load (`ENCODER_DECODED_BELOW`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ from lsan.export import ExportError
 from lsan.models import rowquant
 from lsan.models.item_tables import LowBitTable
 
+# The encoder's weights (every float tensor under this many elements) are decoded at load from
+# one stored 4-bit matrix (export/int4.py, blob_decoders) rather than read by MatMulNBits: a
+# request then runs fp32 MatMuls on a few KB of cache-resident weights, no per-call activation
+# quantization, and the answer is the decoded fp32 graph's.
+ENCODER_DECODED_BELOW = 1 << 16
 NEEDS_BITS = "needs a checkpoint trained with a low-bit item table (model.bits > 0)"
 
 
@@ -193,4 +199,4 @@ def quantize_lowbit(fp32: Path, out: Path, t: PackedTable | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "table.onnx"
         onnx.save(model, str(staged))
-        quantize_int4(staged, out)
+        quantize_int4(staged, out, decode_below=ENCODER_DECODED_BELOW)

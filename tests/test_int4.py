@@ -150,6 +150,51 @@ def test_decoders_are_exact_and_folded_at_load(tmp_path):
     assert np.array_equal(out["y_small"], weights["small"])
 
 
+def test_decode_below_reads_small_tensors_from_one_blob_exactly(tmp_path):
+    """decode_below: the tensors under it come from one stored matrix, decoded at load to
+    exactly their own 4-bit values (blocked along the axis their kernel would use); the big
+    table keeps its kernels; the blob costs no more than a matrix per tensor."""
+    rng = np.random.default_rng(3)
+    weights = {
+        "table": rng.normal(size=(3000, 32)).astype(np.float32),  # over the threshold: kernels
+        "proj": rng.normal(size=(64, 32)).astype(np.float32),  # Gemm B (transB): blocks on K
+        "proj_bias": rng.normal(size=64).astype(np.float32),  # under min_elements: float
+        "square": rng.normal(size=(32, 32)).astype(np.float32),
+        "odd": rng.normal(size=(40, 33)).astype(np.float32),  # no whole blocks: its own matrix
+    }
+    src = tiny_model(tmp_path, weights)
+    blob, plain = tmp_path / "blob.onnx", tmp_path / "plain.onnx"
+    report = quantize_int4(src, blob, accuracy_level=0, decode_below=4096)
+    quantize_int4(src, plain, accuracy_level=0)
+    assert report["rewritten"] == {
+        "Gather->GatherBlockQuantized": 1, "Transpose+MatMul->MatMulNBits": 1,
+        "decoded at load (blob)": 2, "decoded at load": 1,
+    }  # fmt: skip
+    codes = [i for i in onnx.load(str(blob)).graph.initializer if i.name.endswith(".codes")]
+    assert sorted(i.name for i in codes) == [
+        "odd.q4.axis0.codes", "q4blob32.q4.axis1.codes", "table.q4.axis1.codes",
+    ]  # fmt: skip
+    assert weight_bytes(blob) <= weight_bytes(plain) + 200  # a few int64 slice bounds
+
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(blob), opts, providers=["CPUExecutionProvider"])
+    ops = {n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node}
+    assert not ops & {"BitShift", "BitwiseAnd", "Slice", "Cast"}  # every decoder folded
+    idx, h = np.array([0, 2999, 5]), rng.normal(size=(3, 32)).astype(np.float32)
+    x = {i.name: np.zeros(weights[i.name[2:]].shape, np.float32) for i in sess.get_inputs()[2:]}
+    names = [o.name for o in sess.get_outputs()]
+    out = dict(zip(names, sess.run(None, {"idx": idx, "h": h, **x}), strict=True))
+    proj = dequantize_blocks(quantize_blocks(weights["proj"], 32))  # transB: rows hold K
+    np.testing.assert_allclose(out["projected"], h @ proj.T + weights["proj_bias"], atol=1e-5)
+    square_k = dequantize_blocks(quantize_blocks(weights["square"], 32))  # Add: last axis
+    assert np.array_equal(out["y_square"], square_k)
+    assert np.array_equal(out["y_odd"], reference(weights["odd"], 32))
+    table = dequantize_blocks(quantize_blocks(weights["table"], 32))
+    assert np.array_equal(out["rows"], table[idx])
+
+
 @pytest.mark.parametrize("name", ["sasrec", "lsan"])
 def test_int4_runs_close_to_fp32_and_is_much_smaller(name, exported, tmp_path):
     dst = tmp_path / "int4.onnx"
