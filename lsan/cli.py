@@ -142,7 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run = build_run(args.dataset, args.model, args.config, args.set,
                     data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
-                    teacher=args.teacher, init=args.init)  # fmt: skip
+                    teacher=",".join(args.teacher), init=args.init)  # fmt: skip
     result = train(
         run, args.out, resume=args.resume, progress=not args.quiet, command=args.command_line
     )
@@ -388,8 +388,9 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", required=True, help="checkpoint directory")
     tr.add_argument("--device", default="", help="auto, cpu, cuda or cuda:N (default auto)")
     tr.add_argument("--resume", action="store_true", help="continue from --out's trainer_state.pt")
-    tr.add_argument("--teacher", default="", metavar="CKPT",
-                    help="distil from this trained checkpoint (train.kd_weight, train.kd_temperature)")  # fmt: skip
+    tr.add_argument("--teacher", action="append", default=[], metavar="CKPT",
+                    help="distil from this trained checkpoint (train.kd_weight, train.kd_temperature);"
+                         " repeat for an ensemble of teachers")  # fmt: skip
     tr.add_argument("--init", default="", metavar="CKPT",
                     help="start from this checkpoint's weights where names and shapes match (train.init)")  # fmt: skip
     tr.add_argument("--quiet", action="store_true", help="no progress output")

@@ -62,8 +62,10 @@ class TrainConfig:
     negatives: int = 100  # uniform negatives per positive for bpr / sampled
     amp: str = "auto"  # training autocast: auto (bf16 on CUDA when supported, else off), bf16, off
     compile: bool = False  # torch.compile the training step (CUDA; the first steps are slow)
-    teacher: str = ""  # checkpoint directory of a trained teacher for distillation ("" = none)
-    teacher_sha256: str = ""  # digest of the teacher's model.pt, recorded when training starts
+    teacher: str = ""  # checkpoint directory of a trained teacher for distillation ("" = none; "A,B": an ensemble)
+    teacher_sha256: str = (
+        ""  # digest of each teacher's model.pt (","-joined), recorded when training starts
+    )
     kd_weight: float = (
         0.5  # share of the distillation loss: (1 - w) CE + w T^2 KL(teacher || student)
     )
@@ -154,8 +156,8 @@ RULES: dict[str, Rule] = {
     "train.negatives": _at_least(1),
     "train.amp": _one_of("auto", "bf16", "off"),
     "train.teacher_sha256": (
-        (lambda v: re.fullmatch(r"|[0-9a-f]{64}", v) is not None),
-        "must be empty or 64 lowercase hex digits (a sha256)",
+        (lambda v: re.fullmatch(r"|[0-9a-f]{64}(,[0-9a-f]{64})*", v) is not None),
+        "must be empty or sha256s (64 lowercase hex digits each, ','-separated)",
     ),
     "train.kd_weight": _unit(high_open=False),
     "train.kd_temperature": _above(0),

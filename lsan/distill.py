@@ -7,7 +7,10 @@ model against a strong one. Here a teacher is any trained causal checkpoint (`ls
     (1 - w) CE(student, next item) + w T^2 KL(softmax(teacher / T) || softmax(student / T))
 
 over the full catalogue (w = `train.kd_weight`, default 0.5; T = `train.kd_temperature`,
-default 1.0; the padding column is masked on both sides). The teacher runs in eval mode under
+default 1.0; the padding column is masked on both sides). Several teachers (`--teacher A
+--teacher B`, stored as `train.teacher = "A,B"`) teach as one: the normalised geometric mean of
+their distributions at temperature T (an ensemble of two SASRec sizes is more accurate than
+either, and a stronger teacher is what a compact student needs). The teacher runs in eval mode under
 no_grad and is held outside the module tree, so it is never in the optimizer, the state dict or
 DDP's buckets. Its checkpoint path and the sha256 of its model.pt are recorded in the student's
 config.json (`train.teacher`, `train.teacher_sha256`) and metrics.json; a resumed run refuses a
@@ -71,6 +74,58 @@ def load_teacher(
     return teacher.eval(), digest, run.model_name
 
 
+class Teachers:
+    """One or more frozen teachers read as one next-item distribution (not an nn.Module: the
+    student's optimizer, state dict and DDP never see them)."""
+
+    def __init__(self, members: list[nn.Module]):
+        self.members = members
+
+    def to(self, device: torch.device) -> Teachers:
+        self.members = [m.to(device) for m in self.members]
+        return self
+
+    def single(self, what: str) -> nn.Module:
+        """The one teacher that `what` (a setting that copies a teacher's weights) needs."""
+        if len(self.members) != 1:
+            raise TeacherError(f"{what} needs one teacher, not {len(self.members)}")
+        return self.members[0]
+
+    @torch.no_grad()
+    def log_probs(self, b: SeqTensors, keep: Tensor, temperature: float) -> Tensor:
+        """log softmax(teacher / T) at the kept positions (P, |V|+1); for several teachers the
+        normalised mean of their log-probabilities (the geometric mean of the distributions)."""
+        logs = []
+        for m in self.members:
+            t = mask_padding(m.item_scores(m(b.items, b.cats, b.slots)[keep]).float())
+            logs.append(F.log_softmax(t / temperature, dim=-1))
+        if len(logs) == 1:
+            return logs[0]
+        return F.log_softmax(torch.stack(logs).mean(0), dim=-1)
+
+
+def load_teachers(
+    spec: str, info: DataInfo, device: torch.device, expected_sha256: str = ""
+) -> tuple[Teachers, str, str]:
+    """The teachers of `spec` (checkpoint directories separated by ","), their digests and
+    model names joined the same way; `expected_sha256` (as recorded) must match if given."""
+    paths = [p.strip() for p in spec.split(",") if p.strip()]
+    if not paths:
+        raise TeacherError(f"train.teacher {spec!r} names no checkpoint")
+    expected = expected_sha256.split(",") if expected_sha256 else [""] * len(paths)
+    if len(expected) != len(paths):
+        raise TeacherError(
+            f"train.teacher names {len(paths)} checkpoints, the run recorded {len(expected)}; "
+            "resume with the same teachers"
+        )
+    loaded = [load_teacher(p, info, device, e) for p, e in zip(paths, expected, strict=True)]
+    return (
+        Teachers([t for t, _, _ in loaded]),
+        ",".join(d for _, d, _ in loaded),
+        ",".join(n for _, _, n in loaded),
+    )
+
+
 def student_scores(model: Any):
     """The student's full-catalogue scores (P, D) -> (P, |V|+1) on its fast training layout."""
     table = getattr(model, "item_emb", None)
@@ -82,7 +137,7 @@ def student_scores(model: Any):
 
 
 def distill_loss(
-    model: nn.Module, teacher: Any, b: SeqTensors, weight: float, temperature: float
+    model: nn.Module, teacher: Teachers, b: SeqTensors, weight: float, temperature: float
 ) -> Tensor:
     """(1 - w) CE + w T^2 KL(teacher || student) at the batch's non-padding positions."""
     if is_autoencoding(model):
@@ -94,10 +149,7 @@ def distill_loss(
     ce = F.cross_entropy(s, b.targets[keep])
     if weight == 0.0:
         return ce
-    with torch.no_grad():
-        t = teacher.item_scores(teacher(b.items, b.cats, b.slots)[keep]).float()
-        t = mask_padding(t)
-        log_t = F.log_softmax(t / temperature, dim=-1)
+    log_t = teacher.log_probs(b, keep, temperature)
     log_s = F.log_softmax(s.float() / temperature, dim=-1)
     kd = F.kl_div(log_s, log_t, log_target=True, reduction="batchmean") * temperature**2
     return (1 - weight) * ce + weight * kd
@@ -145,7 +197,7 @@ def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
 
 
 def prepare_codes(
-    model: nn.Module, counts: np.ndarray, teacher: nn.Module | None, seed: int
+    model: nn.Module, counts: np.ndarray, teacher: Teachers | None, seed: int
 ) -> dict[str, Any]:
     """Set a table's data-driven layout: a `codes` table's codes, a low-bit table's hot rows
     (no-op for other tables); a summary for metrics.json."""
@@ -156,8 +208,8 @@ def prepare_codes(
     if not isinstance(table, CodeTable):
         return {}
     cfg: Any = model.cfg
-    vectors = (
-        teacher_vectors(teacher) if teacher is not None and cfg.codes_from == "teacher" else None
-    )
+    vectors = None
+    if teacher is not None and cfg.codes_from == "teacher":
+        vectors = teacher_vectors(teacher.single("model.codes_from=teacher"))
     summary = assign(table, cfg.codes_from, cfg.own_rows, counts, vectors, seed)
     return {"source": cfg.codes_from, "books": table.sizes, **summary}

@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lsan.config import EvalConfig, TrainConfig
 from lsan.data.batching import SeqTensors
 from lsan.data.prepare import SeqDataset
-from lsan.distill import distill_loss
+from lsan.distill import Teachers, distill_loss
 from lsan.evaluate import evaluate as evaluate_all
 from lsan.evaluate import rank_users, summarise
 from lsan.models.objectives import batch_loss
@@ -132,10 +132,10 @@ class LossStep(nn.Module):
         super().__init__()
         self.model, self.objective, self.negatives, self.amp = model, objective, negatives, amp
         # the teacher sits in a list, not as a submodule: never in the optimizer, state or DDP
-        self.teacher: list[nn.Module] = []
+        self.teacher: list[Teachers] = []
         self.kd = (0.0, 1.0)
 
-    def distil_from(self, teacher: nn.Module, weight: float, temperature: float) -> None:
+    def distil_from(self, teacher: Teachers, weight: float, temperature: float) -> None:
         self.teacher, self.kd = [teacher], (weight, temperature)
 
     def loss(self, b: SeqTensors) -> Tensor:
@@ -151,7 +151,7 @@ class LossStep(nn.Module):
 
 
 def loss_step(
-    model: nn.Module, tc: TrainConfig, ctx: Context, teacher: nn.Module | None = None
+    model: nn.Module, tc: TrainConfig, ctx: Context, teacher: Teachers | None = None
 ) -> nn.Module:
     """The training loss as a module: DDP-synced across processes, compiled when asked."""
     step: nn.Module = LossStep(model, tc.loss, tc.negatives, amp_dtype(tc.amp, ctx.device))

@@ -16,7 +16,6 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
 from lsan import distributed
@@ -34,9 +33,10 @@ from lsan.data.batching import item_counts, train_tensors
 from lsan.data.prepare import SeqDataset, default_max_len, load_dataset
 from lsan.distill import (
     TeacherError,
+    Teachers,
     init_from_checkpoint,
     init_from_teacher,
-    load_teacher,
+    load_teachers,
     prepare_codes,
 )
 from lsan.models import DataInfo, build_model, model_config
@@ -79,8 +79,9 @@ def resolve(run: RunConfig, ds: SeqDataset) -> tuple[RunConfig, DataInfo]:
 
 def attach_teacher(
     run: RunConfig, info: DataInfo, device: torch.device, resumed: Path | None
-) -> tuple[RunConfig, nn.Module | None, dict[str, str]]:
-    """Load `train.teacher` (if any) and record its digest in the run; a resume keeps its teacher."""
+) -> tuple[RunConfig, Teachers | None, dict[str, str]]:
+    """Load `train.teacher` (one checkpoint or several, ","-separated) and record the digests in
+    the run; a resume keeps its teachers."""
     tc = run.train
     if not tc.teacher:
         return run, None, {}
@@ -89,9 +90,9 @@ def attach_teacher(
     expected = ""
     if resumed is not None and (resumed / "config.json").is_file():
         expected = read_config(resumed)[0].train.teacher_sha256
-    teacher, digest, name = load_teacher(tc.teacher, info, device, expected)
+    teachers, digest, name = load_teachers(tc.teacher, info, device, expected)
     run = dataclasses.replace(run, train=dataclasses.replace(tc, teacher_sha256=digest))
-    return run, teacher.to(device), {"path": tc.teacher, "sha256": digest, "model": name}
+    return run, teachers.to(device), {"path": tc.teacher, "sha256": digest, "model": name}
 
 
 def train(
@@ -130,7 +131,8 @@ def train(
     if tc.teacher_init:
         if teacher is None:
             raise TeacherError("train.teacher_init needs a teacher (--teacher CKPT)")
-        teacher_record["initialised_from"] = f"{len(init_from_teacher(model, teacher))} tensors"
+        taken = init_from_teacher(model, teacher.single("train.teacher_init"))
+        teacher_record["initialised_from"] = f"{len(taken)} tensors"
     init = init_from_checkpoint(model, tc.init) if tc.init else {}
     trainable = getattr(model, "trainable", True)
     if not trainable:

@@ -184,6 +184,42 @@ def test_distillation_makes_a_small_student_better(small_ds, teacher, tmp_path):
     assert "teacher" not in "".join(torch.load(tmp_path / "kd2" / "model.pt").keys())
 
 
+def test_an_ensemble_of_teachers_teaches_its_normalised_geometric_mean(small_ds, teacher, tmp_path):
+    """Two teachers: the student learns from log_softmax(mean of their log-probabilities); both
+    digests are recorded; settings that copy one teacher's weights refuse two; a resume with
+    other teachers is refused."""
+    from lsan.data.batching import train_tensors
+    from lsan.distill import load_teachers
+    from lsan.models.layers import PAD, mask_padding
+
+    second = tmp_path / "second"
+    train(run_cfg({"dim": 8, "layers": 1}, 3), second, progress=False, ds=small_ds)
+    spec = f"{teacher},{second}"
+    both, digests, names = load_teachers(spec, load_model(teacher)[2], torch.device("cpu"))
+    assert len(digests.split(",")) == 2 and names == "sasrec,sasrec"
+    b = train_tensors(small_ds, 12).rows(torch.arange(8))
+    keep = b.targets != PAD
+    got = both.log_probs(b, keep, 2.0)
+    logs = []
+    for m in both.members:
+        with torch.no_grad():
+            t = mask_padding(m.item_scores(m(b.items, b.cats, b.slots)[keep]))
+        logs.append(torch.log_softmax(t / 2.0, -1))
+    assert torch.allclose(got, torch.log_softmax((logs[0] + logs[1]) / 2, -1), atol=1e-6)
+    assert torch.allclose(got.exp().sum(-1), torch.ones(int(keep.sum())), atol=1e-5)
+    one, _, _ = load_teachers(str(teacher), load_model(teacher)[2], torch.device("cpu"))
+    assert torch.equal(one.log_probs(b, keep, 2.0), logs[0])  # one teacher: as before
+
+    res = train(run_cfg(SMALL, 1, teacher=spec), tmp_path / "s", progress=False, ds=small_ds)
+    assert res["teacher"]["path"] == spec and res["teacher"]["sha256"] == digests
+    with pytest.raises(TeacherError, match="needs one teacher"):
+        train(run_cfg(SMALL, 1, teacher=spec, teacher_init=True), tmp_path / "t",
+              progress=False, ds=small_ds)  # fmt: skip
+    with pytest.raises(TeacherError, match="same teachers"):
+        train(run_cfg(SMALL, 2, teacher=str(teacher)), tmp_path / "s", resume=True,
+              progress=False, ds=small_ds)  # fmt: skip
+
+
 def test_teacher_codes_are_saved_with_the_checkpoint(small_ds, teacher, tmp_path):
     values = {**STUDENT, "codes_from": "teacher", "own_rows": 10}
     res = train(run_cfg(values, 1, teacher=str(teacher)), tmp_path, progress=False, ds=small_ds)
