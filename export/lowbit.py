@@ -12,10 +12,13 @@ exactly (c - L + 0.5) * 2^(e / 8). This format stores what defines them and noth
 
 A decoder of standard ops (BitShift, BitwiseAnd, Cast, CumSum, Gather, Where, Mul) rebuilds the
 float table from these initializers; every input is a constant, so onnxruntime folds it once
-when the session loads and a request reads the table as in fp32 (Gather for the history, the
-tied MatMul for the scores). The rest of the graph (encoder weights, positions) then goes
-through the int4 rewrite (export/int4.py), which leaves the decoder's integer tensors alone and
-stores those small tensors as one 4-bit matrix decoded at load (`ENCODER_DECODED_BELOW`).
+when the session loads. A request gathers the history's rows from that float table; the tied
+output layer (`integer_scores`) multiplies the table's integer grid 2(c - L) + 1 (folded too)
+by each row of h rounded to int8 at its own scale, then rescales: 1 byte read per table value
+instead of 4, and a row's answer never depends on its batch. The rest of the graph (encoder
+weights, positions) goes through the int4 rewrite (export/int4.py), which leaves the decoder's
+integer tensors alone and stores those small tensors as one 4-bit matrix decoded at load
+(`ENCODER_DECODED_BELOW`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from lsan.export import ExportError
+from lsan.export.fold import prune
 from lsan.models import rowquant
 from lsan.models.item_tables import LowBitTable
 
@@ -165,10 +169,58 @@ def decoder(t: PackedTable, out: str, prefix: str) -> tuple[list, list]:
         "Add",
         [n.op("Cast", [n.const(t.exps)], to=TensorProto.INT32), n.const(np.array(128, np.int32))],
     )
-    steps = n.op("Gather", [n.const(rowquant.step_table().numpy()), exps], axis=0)
-    steps = n.op("Unsqueeze", [steps, n.const(np.array([-1], np.int64))])
+    flat = n.op("Gather", [n.const(rowquant.step_table().numpy()), exps], axis=0)
+    steps = n.op("Unsqueeze", [flat, n.const(np.array([-1], np.int64))])
     n.op("Mul", [rows, steps], out)
+    # the same table as exact integers 2(c - L) + 1 (|.| <= 255 at 8 bits, so int16) and
+    # half steps: what the tied output layer multiplies (integer_scores)
+    twice = n.op("Mul", [rows, n.const(np.array(2.0, np.float32))])
+    n.op(
+        "Cast", [twice], out + GRID, to=TensorProto.INT16 if t.bits.max() > 4 else TensorProto.INT8
+    )
+    n.op("Mul", [flat, n.const(np.array(0.5, np.float32))], out + HALF)
     return n.nodes, n.inits  # fmt: skip
+
+
+GRID, HALF = "_grid", "_half"  # decoder outputs beside the float table: integers, half steps
+
+
+def integer_scores(model: onnx.ModelProto, table: str) -> int:
+    """The tied output layer `h @ Transpose(table)` on the table's integer grid: each row of h
+    in int8 with its own scale (max |h| / 127: a row never depends on the rest of a batch),
+    MatMulInteger against the grid (Transpose folded at load), then h's scale and each item's
+    half step. Reads 1 byte per table value instead of 4; the count rewritten."""
+    graph = model.graph
+    made = {o: node for node in graph.node for o in node.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+    wide = made[table + GRID].attribute[0].i == TensorProto.INT16
+    new, done = [], 0
+    for node in graph.node:
+        src = made.get(node.input[1]) if node.op_type == "MatMul" else None
+        if src is None or src.op_type != "Transpose" or src.input[0] != table or wide:
+            new.append(node)
+            continue
+        n = _Nodes(f"{node.output[0]}_is_")
+        h = node.input[0]
+        top = n.op("ReduceMax", [n.op("Abs", [h]), n.const(np.array([-1], np.int64))], keepdims=1)
+        scale = n.op("Max", [n.op("Mul", [top, n.const(np.array(1 / 127, np.float32))]),
+                             n.const(np.array(1e-30, np.float32))])  # fmt: skip
+        q = n.op("Cast", [n.op("Round", [n.op("Div", [h, scale])])], to=TensorProto.INT8)
+        grid_t = n.op("Transpose", [table + GRID], perm=[1, 0])
+        dots = n.op("MatMulInteger", [q, grid_t])
+        f = n.op("Mul", [n.op("Cast", [dots], to=TensorProto.FLOAT), scale])
+        n.op("Mul", [f, table + HALF], node.output[0])
+        new += n.nodes
+        graph.initializer.extend(n.inits)
+        done += 1
+    if done:
+        del graph.node[:]
+        graph.node.extend(new)
+    prune(model)  # the float Transpose, or the grid when nothing reads it
+    return done
 
 
 def replace_table(model: onnx.ModelProto, t: PackedTable) -> str:
@@ -195,7 +247,7 @@ def quantize_lowbit(fp32: Path, out: Path, t: PackedTable | None) -> None:
     from lsan.export.int4 import quantize_int4
 
     model = onnx.load(str(fp32))
-    replace_table(model, t)
+    integer_scores(model, replace_table(model, t))
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "table.onnx"
         onnx.save(model, str(staged))
