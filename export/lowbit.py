@@ -6,8 +6,8 @@ exactly (c - L + 0.5) * 2^(e / 8). This format stores what defines them and noth
 - `codes` of the rows at each width, packed 8 / bits to a byte (low bits first), the rows of a
   width in id order (2 bits: 8 bytes a row at D = 32, against 21 in int4 with its scale and zero
   point, and 128 in fp32);
-- one exponent byte per row and the 256-entry step table (1 KB), gathered, not computed, so the
-  values are bit for bit PyTorch's;
+- one exponent byte per row and the entries of the 256-step table that the rows use (a few
+  dozen floats), gathered, not computed, so the values are bit for bit PyTorch's;
 - with two widths, a bitmask (one bit per row) saying which rows are the hot ones.
 
 A decoder of standard ops (BitShift, BitwiseAnd, Cast, CumSum, Gather, Where, Mul) rebuilds the
@@ -165,11 +165,12 @@ def decoder(t: PackedTable, out: str, prefix: str) -> tuple[list, list]:
             "Unsqueeze", [n.op("Cast", [m], to=TensorProto.BOOL), n.const(np.array([-1], np.int64))]
         )
         rows = n.op("Where", [which, hot_rows, cold_rows])
-    exps = n.op(
-        "Add",
-        [n.op("Cast", [n.const(t.exps)], to=TensorProto.INT32), n.const(np.array(128, np.int32))],
-    )
-    flat = n.op("Gather", [n.const(rowquant.step_table().numpy()), exps], axis=0)
+    # only the steps the rows use (a trained table spans a few octaves of the 256): the same
+    # float32 values as PyTorch's step_table(), indexed from the lowest exponent used
+    lo, hi = int(t.exps.min()) + 128, int(t.exps.max()) + 128
+    at = n.op("Add", [n.op("Cast", [n.const(t.exps)], to=TensorProto.INT32),
+                      n.const(np.array(128 - lo, np.int32))])  # fmt: skip
+    flat = n.op("Gather", [n.const(rowquant.step_table().numpy()[lo : hi + 1]), at], axis=0)
     steps = n.op("Unsqueeze", [flat, n.const(np.array([-1], np.int64))])
     n.op("Mul", [rows, steps], out)
     # the same table as exact integers 2(c - L) + 1 (|.| <= 255 at 8 bits, so int16) and
