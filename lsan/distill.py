@@ -79,7 +79,8 @@ class Teachers:
     student's optimizer, state dict and DDP never see them)."""
 
     def __init__(self, members: list[nn.Module]):
-        self.members = members
+        # Any: every member is a causal model with forward (hidden states) and item_scores
+        self.members: list[Any] = members
 
     def to(self, device: torch.device) -> Teachers:
         self.members = [m.to(device) for m in self.members]
