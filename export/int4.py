@@ -346,19 +346,18 @@ def blob_axis(name: str, shape: tuple[int, ...], uses: dict, outputs: set[str], 
     return block_axis(shape)
 
 
-def blob_decoders(tensors: dict[str, tuple[np.ndarray, int]], block: int, edit: Edit) -> list[str]:
+def blob_decoders(tensors: dict[str, tuple[np.ndarray, int]], block: int, edit: Edit) -> None:
     """Decode-at-load for many tensors from one stored matrix: each tensor (array, blocking
     axis) becomes rows of one block along that axis; the rows of all are quantized as one (R, block)
     matrix with one shared decoder (folded at load), and each tensor is a Slice of it (plus a
     Reshape and, for a leading block axis, a Transpose), folded too. Same bytes of codes, scales
-    and zero points as one matrix per tensor, a fraction of the nodes; returns the names."""
-    parts, names, start = [], [], 0
+    and zero points as one matrix per tensor, a fraction of the nodes."""
+    parts, start = [], 0
     slices: list[tuple[str, int, int, tuple[int, ...], int]] = []
     for name, (x, axis) in tensors.items():
         rows = np.moveaxis(x, axis, -1).reshape(-1, block)
         slices.append((name, start, start + len(rows), x.shape, axis))
         parts.append(rows)
-        names.append(name)
         start += len(rows)
     blob = f"q4blob{block}"
     q, prefix = storage(blob, np.concatenate(parts), 1, block, edit)
@@ -383,7 +382,6 @@ def blob_decoders(tensors: dict[str, tuple[np.ndarray, int]], block: int, edit: 
                 helper.make_node("Reshape", [rows, name + ".shape"], [name + ".moved"]),
                 helper.make_node("Transpose", [name + ".moved"], [name], perm=perm),
             ]
-    return names
 
 
 def nbits(node: NodeProto, q: Blocks, prefix: str, edit: Edit) -> list[NodeProto]:
@@ -444,13 +442,14 @@ def quantize_int4(
             kept_float[init.name] = reason
             continue
         shape = tuple(init.dims)
-        block = fitted_block(shape, block_size)
-        axis = blob_axis(init.name, shape, uses, outputs, block)
-        if int(np.prod(shape)) < decode_below and shape[axis] % block == 0:
-            x = numpy_helper.to_array(init).astype(np.float32)
-            small.setdefault(block, {})[init.name] = (x, axis)
-            quantized[init.name] = {"shape": list(shape), "read_as": ["decoded at load (blob)"]}
-            continue
+        if int(np.prod(shape)) < decode_below:
+            block = fitted_block(shape, block_size)
+            axis = blob_axis(init.name, shape, uses, outputs, block)
+            if shape[axis] % block == 0:
+                x = numpy_helper.to_array(init).astype(np.float32)
+                small.setdefault(block, {})[init.name] = (x, axis)
+                quantized[init.name] = {"shape": list(shape), "read_as": ["decoded at load (blob)"]}
+                continue
         how = rewrite(init, uses, outputs, block_size, edit)
         quantized[init.name] = {"shape": list(init.dims), "read_as": how}
     for block, tensors in small.items():

@@ -173,13 +173,12 @@ def decoder(t: PackedTable, out: str, prefix: str) -> tuple[list, list]:
     flat = n.op("Gather", [n.const(rowquant.step_table().numpy()[lo : hi + 1]), at], axis=0)
     steps = n.op("Unsqueeze", [flat, n.const(np.array([-1], np.int64))])
     n.op("Mul", [rows, steps], out)
-    # the same table as exact integers 2(c - L) + 1 (|.| <= 255 at 8 bits, so int16) and
-    # half steps: what the tied output layer multiplies (integer_scores)
-    twice = n.op("Mul", [rows, n.const(np.array(2.0, np.float32))])
-    n.op(
-        "Cast", [twice], out + GRID, to=TensorProto.INT16 if t.bits.max() > 4 else TensorProto.INT8
-    )
-    n.op("Mul", [flat, n.const(np.array(0.5, np.float32))], out + HALF)
+    if t.bits.max() <= 4:  # the same table as exact integers 2(c - L) + 1, |.| <= 15, and
+        # half steps: what the tied output layer multiplies (integer_scores); 8-bit rows'
+        # integers do not fit int8, so such a table has no grid and keeps the float scores
+        twice = n.op("Mul", [rows, n.const(np.array(2.0, np.float32))])
+        n.op("Cast", [twice], out + GRID, to=TensorProto.INT8)
+        n.op("Mul", [flat, n.const(np.array(0.5, np.float32))], out + HALF)
     return n.nodes, n.inits  # fmt: skip
 
 
@@ -188,20 +187,17 @@ GRID, HALF = "_grid", "_half"  # decoder outputs beside the float table: integer
 
 def integer_scores(model: onnx.ModelProto, table: str) -> int:
     """The tied output layer `h @ Transpose(table)` on the table's integer grid: each row of h
-    in int8 with its own scale (max |h| / 127: a row never depends on the rest of a batch),
-    MatMulInteger against the grid (Transpose folded at load), then h's scale and each item's
-    half step. Reads 1 byte per table value instead of 4; the count rewritten."""
+    rounded to -127..127 at its own scale (max |h| / 127: a row never depends on the rest of a
+    batch), MatMulInteger against the grid (Transpose folded at load), then h's scale and each
+    item's half step. Reads 1 byte per table value instead of 4; the count rewritten (0 for a
+    table without a grid, one with 8-bit rows)."""
     graph = model.graph
     made = {o: node for node in graph.node for o in node.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for i in node.input:
-            readers.setdefault(i, []).append(node)
-    wide = made[table + GRID].attribute[0].i == TensorProto.INT16
+    grid = table + GRID in made
     new, done = [], 0
     for node in graph.node:
-        src = made.get(node.input[1]) if node.op_type == "MatMul" else None
-        if src is None or src.op_type != "Transpose" or src.input[0] != table or wide:
+        src = made.get(node.input[1]) if node.op_type == "MatMul" and grid else None
+        if src is None or src.op_type != "Transpose" or src.input[0] != table:
             new.append(node)
             continue
         n = _Nodes(f"{node.output[0]}_is_")
