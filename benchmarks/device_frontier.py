@@ -114,6 +114,38 @@ def floors(arts: dict[str, Any], folders: dict[str, Path], k: int) -> dict[str, 
     return out
 
 
+def dataset(name: str, data_dir: str) -> Any:
+    """The prepared dataset the artifacts were trained on (their test split is compared)."""
+    from lsan.data.prepare import load_dataset
+
+    return load_dataset(name, data_dir)
+
+
+def paired_with_reference(
+    arts: dict[str, Any], points: list[dict[str, Any]], reference: str, data_dir: str
+) -> None:
+    """Per artifact measured in this run, its test NDCG@10 minus the reference fp32 file's,
+    user by user (lsan/paired.py): the difference, its 95% bootstrap interval, the paired
+    t-test's p-value, under `paired_vs_reference`. Nothing when the reference is not measured."""
+    from lsan.export.verify import ort_ranks
+    from lsan.paired import paired
+
+    ref_key = f"{reference}/fp32"
+    if ref_key not in arts:
+        return
+    ds = dataset(arts[ref_key].meta.dataset, data_dir)
+
+    def ranks(a: Any) -> np.ndarray:
+        rows = 256 if a.meta.batch_invariant else 1  # a batch-dependent graph answers alone
+        return ort_ranks(a.session, ds, "test", a.meta.info.max_len, a.meta.contract.k, rows)
+
+    ref = ranks(arts[ref_key])
+    for p in points:
+        key = f"{p['name']}/{p['format']}"
+        if key in arts:
+            p["paired_vs_reference"] = paired(ranks(arts[key]), ref).as_dict()
+
+
 def describe_row(name: str, ckpt: Path, fmt: str, meta: Any) -> dict[str, Any]:
     metrics = json.loads((ckpt / "metrics.json").read_text())
     cfg = meta.hyperparameters
@@ -166,8 +198,8 @@ def compare(points: list[dict[str, Any]], reference: str) -> None:
 
 def table(points: list[dict[str, Any]], reference: str) -> str:
     head = ("| artifact | model | item table | teacher | format | total bytes | % of "
-            f"{reference} fp32 | NDCG@10 | HR@10 | vs {reference} fp32 | best SASRec in these bytes"
-            " | vs it | p50 ms | epochs |\n|" + "---|" * 14 + "\n")  # fmt: skip
+            f"{reference} fp32 | NDCG@10 | HR@10 | vs {reference} fp32 | paired difference [95% CI]"
+            " | best SASRec in these bytes | vs it | p50 ms | epochs |\n|" + "---|" * 15 + "\n")  # fmt: skip
 
     def pct(v, signed=False):
         return "–" if v is None else (f"{v:+.1%}" if signed else f"{v:.1%}")
@@ -182,10 +214,18 @@ def table(points: list[dict[str, Any]], reference: str) -> str:
             f"| {name} | {p['model']} | {p['item_table']} | {'yes' if p['teacher'] else '–'} "
             f"| {p['format']} | {p['artifact_bytes']:,} | {pct(p.get('bytes_vs_reference'))} "
             f"| {ndcg} | {hr} | {pct(None if rel is None else rel - 1, True)} "
+            f"| {paired_cell(p.get('paired_vs_reference'))} "
             f"| {p['best_sasrec_within_bytes'] or '–'} "
             f"| {pct(p.get('vs_best_sasrec_within_bytes'), True)} | {p['p50_ms']:.3f} | {p['epochs']} |"
         )
     return head + "\n".join(lines) + "\n"
+
+
+def paired_cell(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "–"
+    lo, hi = d["ci95"]
+    return f"{d['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}] p={d['p_value']:.2g}"
 
 
 def latency_table(points: list[dict[str, Any]], reference: str) -> str:
@@ -310,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **work[key]}
         p["p50_ms"] = times[key]["warm"]["p50"]
         p["commit"] = commit()
+    paired_with_reference(arts, points, args.reference, args.data_dir)
     out = Path(args.results)
     if args.keep:
         points += carried(out / f"{args.name}.json", {name for name, _ in rows})

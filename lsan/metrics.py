@@ -13,11 +13,14 @@ def hit_rate(ranks: np.ndarray, k: int) -> float:
     return float(np.mean(ranks < k)) if len(ranks) else 0.0
 
 
+def user_ndcg(ranks: np.ndarray, k: int) -> np.ndarray:
+    """Each user's NDCG@k (the paired comparisons of lsan/paired.py need them one by one)."""
+    r = np.asarray(ranks, dtype=np.float64)
+    return np.where(r < k, 1.0 / np.log2(np.minimum(r, k) + 2.0), 0.0)
+
+
 def ndcg(ranks: np.ndarray, k: int) -> float:
-    if not len(ranks):
-        return 0.0
-    gains = np.where(ranks < k, 1.0 / np.log2(np.asarray(ranks, dtype=np.float64) + 2.0), 0.0)
-    return float(gains.mean())
+    return float(user_ndcg(ranks, k).mean()) if len(ranks) else 0.0
 
 
 def mrr(ranks: np.ndarray, k: int) -> float:

@@ -30,6 +30,7 @@ def frontier(small_ds, tmp_path_factory):
         return device_frontier.written(base, formats)
 
     device_frontier.export_row = export_row
+    load_all, device_frontier.dataset = device_frontier.dataset, lambda name, data_dir: small_ds
     common = ["--name", "tiny", "--work", str(root / "art"), "--rounds", "2", "--formats", "fp32",
               "int8", "--reference", "big"]  # fmt: skip
     try:
@@ -44,7 +45,7 @@ def frontier(small_ds, tmp_path_factory):
             [*common, "--results", str(root / "kept"), "--keep", "--row", f"small={small}"]
         )
     finally:
-        device_frontier.export_row = export_all
+        device_frontier.export_row, device_frontier.dataset = export_all, load_all
     assert code == 0
     return root / "results"
 
@@ -86,6 +87,19 @@ def test_every_artifact_has_the_fixed_keys_and_a_floor(frontier):
     md = (frontier / "tiny.md").read_text()
     assert "fastest SASRec as accurate" in md and "warm p50 / floor" in md
     assert (frontier / "tiny.png").stat().st_size > 10_000
+
+
+def test_every_measured_artifact_is_compared_with_the_reference_user_by_user(frontier):
+    rows = json.loads((frontier / "tiny.json").read_text())
+    ref = next(r for r in rows if r["name"] == "big" and r["format"] == "fp32")
+    assert ref["context"]["paired_vs_reference"]["delta"] == 0.0  # itself, exactly
+    for r in rows:
+        d = r["context"]["paired_vs_reference"]
+        assert d["users"] > 100 and 0.0 <= d["p_value"] <= 1.0
+        # the mean of the per-user differences is the difference of the two files' NDCG@10
+        assert d["delta"] == pytest.approx(r["test_ndcg10"] - ref["test_ndcg10"], abs=1e-9)
+        assert d["ci95"][0] <= d["delta"] <= d["ci95"][1]
+    assert "paired difference [95% CI]" in (frontier / "tiny.md").read_text()
 
 
 def test_the_floor_counts_what_a_request_reads():
