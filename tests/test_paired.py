@@ -32,7 +32,11 @@ def test_two_draws_of_the_same_ranker_are_not_called_different():
     assert res.ci95[0] < 0 < res.ci95[1] or abs(res.delta) < 1e-3
     assert res.p_value > 0.001
     assert paired(base, base).as_dict() == {
-        "delta": 0.0, "relative": 0.0, "ci95": [0.0, 0.0], "p_value": 1.0, "users": len(base)
+        "delta": 0.0,
+        "relative": 0.0,
+        "ci95": [0.0, 0.0],
+        "p_value": 1.0,
+        "users": len(base),
     }
 
 
