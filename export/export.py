@@ -108,13 +108,13 @@ def export(
                 "verification failed: " + "; ".join(problems) + " (use --force to write anyway)"
             )
 
-        def build(fmt: str, problems: list[str], dest: Path) -> ArtifactMeta:
+        def build(fmt: str, problems: list[str], dest: Path, checks: dict) -> ArtifactMeta:
             hook("write")
             folder = tmp / f"artifact-{fmt}"
             folder.mkdir()
             shutil.copyfile(tmp / f"{fmt}.onnx", folder / artifact.MODEL)
             meta = describe_artifact(
-                run, info, dataset, fmt, candidates, torch_test, k, problems, ckpt
+                run, info, dataset, fmt, checks, torch_test, k, problems, ckpt
             )
             tables = artifact_tables(dataset, info, titles=titles)
             embed_properties(folder / artifact.MODEL, artifact.graph_properties(meta, tables))
@@ -127,12 +127,12 @@ def export(
             place.publish(folder, dest, force, log, hook)
             return meta
 
-        meta = build(chosen, problems, out)
-        if every_format is not None:
+        meta = build(chosen, problems, out, candidates)
+        if every_format is not None:  # each records what `--quant fmt` would: the same bytes
             for fmt, c in candidates.items():
                 if c.error is None:
                     dest = every_format.with_name(f"{every_format.name}-{fmt}")
-                    build(fmt, choose(candidates, fmt, max_drop)[1], dest)
+                    build(fmt, choose({fmt: c}, fmt, max_drop)[1], dest, {fmt: c})
     log(f"artifact: {out} ({chosen}, {meta.artifact_bytes:,} bytes in all)")
     return meta
 
