@@ -113,9 +113,7 @@ def export(
             folder = tmp / f"artifact-{fmt}"
             folder.mkdir()
             shutil.copyfile(tmp / f"{fmt}.onnx", folder / artifact.MODEL)
-            meta = describe_artifact(
-                run, info, dataset, fmt, checks, torch_test, k, problems, ckpt
-            )
+            meta = describe_artifact(run, info, dataset, fmt, checks, torch_test, k, problems, ckpt)
             tables = artifact_tables(dataset, info, titles=titles)
             embed_properties(folder / artifact.MODEL, artifact.graph_properties(meta, tables))
             meta = artifact.write(folder, meta, tables)
