@@ -157,45 +157,75 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from lsan.checkpoint import CheckpointError, load_model
-    from lsan.evaluate import evaluate
-    from lsan.train import resolve_device
+def _checkpoint_ranks(path: str, args: argparse.Namespace, device, ds=None):
+    """A checkpoint's model, run config, dataset and every user's target rank on args.split.
 
-    device = resolve_device(args.device)
-    model, run, info = load_model(args.checkpoint, device)
+    `ds` is reused when given (several checkpoints of one dataset); the checkpoint must have been
+    trained on the dataset as it is now (same items, categories and time slots)."""
+    from lsan.checkpoint import CheckpointError, load_model
+    from lsan.evaluate import rank_users
+
+    model, run, info = load_model(path, device)
     data = run.data
-    ds = load_dataset(
-        data.dataset,
-        args.data_dir or data.data_dir,
-        args.cache_dir or data.cache_dir,
-        data.min_count,
-    )
+    if ds is None:
+        ds = load_dataset(
+            data.dataset, args.data_dir or data.data_dir, args.cache_dir or data.cache_dir,
+            data.min_count,
+        )  # fmt: skip
     have = {"items": ds.num_items, "categories": ds.num_categories, "time slots": ds.num_slots}
     want = {
         "items": info.num_items,
         "categories": info.num_categories,
         "time slots": info.num_slots,
     }
+    if ds.name != data.dataset:
+        raise CheckpointError(
+            f"{path}: trained on '{data.dataset}', compared on '{ds.name}': a paired comparison "
+            "needs the same users"
+        )
     for what in have:
         if have[what] != want[what]:
             raise CheckpointError(
-                f"{Path(args.checkpoint) / 'config.json'}: dataset '{ds.name}' now has "
+                f"{Path(path) / 'config.json'}: dataset '{ds.name}' now has "
                 f"{have[what]} {what}, the checkpoint was trained on {want[what]}"
             )
     ecfg = dataclasses.replace(run.eval, mask_seen=not args.no_mask_seen)
-    metrics = evaluate(model, ds, args.split, info.max_len, ecfg, device)
+    return run, ecfg, ds, rank_users(model, ds, args.split, info.max_len, ecfg, device)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from lsan.evaluate import summarise
+    from lsan.paired import paired
+    from lsan.train import resolve_device
+
+    device = resolve_device(args.device)
+    run, ecfg, ds, ranks = _checkpoint_ranks(args.checkpoint, args, device)
+    metrics = summarise(ranks, ecfg)
     out = {"checkpoint": str(args.checkpoint), "model": run.model_name, "dataset": ds.name,
            "split": args.split, "mask_seen": ecfg.mask_seen, **metrics}  # fmt: skip
+    rows = [{"checkpoint": str(args.checkpoint), "model": run.model_name, **metrics}]
+    against = []
+    for other in args.against or []:
+        orun, ocfg, _, oranks = _checkpoint_ranks(other, args, device, ds)
+        d = paired(ranks, oranks, k=10)
+        om = summarise(oranks, ocfg)
+        against.append({"checkpoint": other, "model": orun.model_name, "NDCG@10": om["NDCG@10"],
+                        "first_minus_this_ndcg10": d.as_dict()})  # fmt: skip
+        rows.append({"checkpoint": other, "model": orun.model_name, **om,
+                     "first minus this, NDCG@10 [95% CI]": d.describe()})  # fmt: skip
+    if against:
+        out["against"] = against
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(
-            markdown_table(
-                [{"model": run.model_name, **metrics}], ["model", *METRIC_COLUMNS, "users"]
-            )
-        )
+        cols = ["checkpoint", "model", *METRIC_COLUMNS, "users"]
+        if against:
+            cols.append("first minus this, NDCG@10 [95% CI]")
+        print(markdown_table(rows if against else rows[:1], cols if against else cols[1:]))
         print(f"{ds.name} {args.split} split, full ranking, mask_seen={ecfg.mask_seen}")
+        if against:
+            print("differences are paired over the same users: mean, 95% bootstrap interval, "
+                  "paired t-test p-value (lsan/paired.py)")  # fmt: skip
     return 0
 
 
@@ -405,6 +435,10 @@ def parser() -> argparse.ArgumentParser:
         "--no-mask-seen", action="store_true", help="keep already-seen items in the ranking"
     )
     ev.add_argument("--device", default="auto")
+    ev.add_argument("--against", action="append", metavar="CKPT",
+                    help="also evaluate CKPT (repeat) on the same users and test the first "
+                    "checkpoint's NDCG@10 minus CKPT's user by user: mean, 95%% bootstrap "
+                    "interval, paired t-test p-value")  # fmt: skip
     _data_flags(ev)
     ev.set_defaults(func=cmd_evaluate)
 

@@ -47,6 +47,21 @@ def test_train_then_evaluate_matches_metrics(tmp_path, capsys):
         main(["evaluate", str(out), "--split", "valid", "--no-mask-seen", "--device", "cpu"]) == 0
     )
     assert "mask_seen=False" in capsys.readouterr().out
+    # the same checkpoint against itself: no difference, on every user; against a popularity
+    # model trained on the same data: a paired difference whose mean is the NDCG@10 gap
+    pop = tmp_path / "pop"
+    argv = ["train", "--dataset", "synthetic", "--model", "pop", "--out", str(pop), "--quiet"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    argv = ["evaluate", str(out), "--against", str(out), "--against", str(pop), "--json"]
+    assert main([*argv, "--device", "cpu"]) == 0
+    same, vs_pop = json.loads(capsys.readouterr().out)["against"]
+    assert same["first_minus_this_ndcg10"]["delta"] == 0.0
+    d = vs_pop["first_minus_this_ndcg10"]
+    assert d["delta"] == pytest.approx(shown["NDCG@10"] - vs_pop["NDCG@10"], abs=1e-9)
+    assert d["ci95"][0] <= d["delta"] <= d["ci95"][1] and d["users"] == shown["users"]
+    assert main(["evaluate", str(out), "--against", str(pop), "--device", "cpu"]) == 0
+    assert "first minus this, NDCG@10 [95% CI]" in capsys.readouterr().out
     argv = ["report", str(out), str(tmp_path / "missing"), "--name", "r", "--out", str(tmp_path)]
     assert main(argv) == 0
     (row,) = json.loads((tmp_path / "r.json").read_text())["rows"]
