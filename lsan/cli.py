@@ -221,7 +221,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         cols = ["checkpoint", "model", *METRIC_COLUMNS, "users"]
         if against:
             cols.append("first minus this, NDCG@10 [95% CI]")
-        print(markdown_table(rows if against else rows[:1], cols if against else cols[1:]))
+        print(markdown_table(rows, cols if against else cols[1:]))
         print(f"{ds.name} {args.split} split, full ranking, mask_seen={ecfg.mask_seen}")
         if against:
             print("differences are paired over the same users: mean, 95% bootstrap interval, "
