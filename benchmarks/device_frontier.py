@@ -344,10 +344,10 @@ def main(argv: list[str] | None = None) -> int:
             folders[key], arts[key] = folder, read(folder)
             points.append(describe_row(name, ckpt, fmt, arts[key].meta))
     times = timings(arts, rounds=args.rounds)
-    work = floors(arts, folders, args.k)
+    graph_work = floors(arts, folders, args.k)
     for p in points:
         key = f"{p['name']}/{p['format']}"
-        p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **work[key]}
+        p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **graph_work[key]}
         p["p50_ms"] = times[key]["warm"]["p50"]
         p["commit"] = commit()
     paired_with_reference(arts, points, args.reference, args.data_dir)
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
               for p in points]  # fmt: skip
     for r in record:
         r["context"].setdefault("frontier_command", command)  # a carried row keeps its own
-        r["context"].setdefault("floor_reference", work["_reference"])
+        r["context"].setdefault("floor_reference", graph_work["_reference"])
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
     md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
     if any(p.get("carried") for p in points):
