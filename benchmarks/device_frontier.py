@@ -34,6 +34,7 @@ import numpy as np
 from lsan.artifact import DEFAULT_K, read
 from lsan.benchmarks.env import git_commit
 from lsan.benchmarks.latency import request_feeds
+from lsan.paired import shown
 
 RESULT_KEYS = ("name", "model", "item_table", "teacher", "format", "artifact_bytes",
                "model_onnx_bytes", "test_ndcg10", "test_hr10", "p50_ms", "epochs", "command",
@@ -127,7 +128,7 @@ def paired_with_reference(
     """Per artifact measured in this run, its test NDCG@10 minus the reference fp32 file's,
     user by user (lsan/paired.py): the difference, its 95% bootstrap interval, the paired
     t-test's p-value, under `paired_vs_reference`. Nothing when the reference is not measured."""
-    from lsan.export.verify import ort_ranks
+    from lsan.export.verify import file_ranks
     from lsan.paired import paired
 
     ref_key = f"{reference}/fp32"
@@ -136,14 +137,15 @@ def paired_with_reference(
     ds = dataset(arts[ref_key].meta.dataset, data_dir)
 
     def ranks(a: Any) -> np.ndarray:
-        rows = 256 if a.meta.batch_invariant else 1  # a batch-dependent graph answers alone
-        return ort_ranks(a.session, ds, "test", a.meta.info.max_len, a.meta.contract.k, rows)
+        m = a.meta
+        return file_ranks(a.session, ds, m.info.max_len, m.contract.k, m.batch_invariant)
 
     ref = ranks(arts[ref_key])
     for p in points:
         key = f"{p['name']}/{p['format']}"
-        if key in arts:
-            p["paired_vs_reference"] = paired(ranks(arts[key]), ref).as_dict()
+        if key in arts:  # the reference against itself is exactly 0: not ranked a second time
+            mine = ref if key == ref_key else ranks(arts[key])
+            p["paired_vs_reference"] = paired(mine, ref).as_dict()
 
 
 def describe_row(name: str, ckpt: Path, fmt: str, meta: Any) -> dict[str, Any]:
@@ -214,18 +216,11 @@ def table(points: list[dict[str, Any]], reference: str) -> str:
             f"| {name} | {p['model']} | {p['item_table']} | {'yes' if p['teacher'] else '–'} "
             f"| {p['format']} | {p['artifact_bytes']:,} | {pct(p.get('bytes_vs_reference'))} "
             f"| {ndcg} | {hr} | {pct(None if rel is None else rel - 1, True)} "
-            f"| {paired_cell(p.get('paired_vs_reference'))} "
+            f"| {shown(p['paired_vs_reference']) if p.get('paired_vs_reference') else '–'} "
             f"| {p['best_sasrec_within_bytes'] or '–'} "
             f"| {pct(p.get('vs_best_sasrec_within_bytes'), True)} | {p['p50_ms']:.3f} | {p['epochs']} |"
         )
     return head + "\n".join(lines) + "\n"
-
-
-def paired_cell(d: dict[str, Any] | None) -> str:
-    if not d:
-        return "–"
-    lo, hi = d["ci95"]
-    return f"{d['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}] p={d['p_value']:.2g}"
 
 
 def latency_table(points: list[dict[str, Any]], reference: str) -> str:

@@ -15,10 +15,10 @@ float table from these initializers; every input is a constant, so onnxruntime f
 when the session loads. A request gathers the history's rows from that float table; the tied
 output layer (`integer_scores`) multiplies the table's integer grid 2(c - L) + 1 (folded too,
 one byte a value) by each row of h rounded to 8 bits at its own scale, then rescales: 1 byte
-read per table value instead of 4, and a row's answer never depends on its batch. The rest of the graph (encoder
-weights, positions) goes through the int4 rewrite (export/int4.py), which leaves the decoder's
-integer tensors alone and stores those small tensors as one 4-bit matrix decoded at load
-(`ENCODER_DECODED_BELOW`).
+read per table value instead of 4, and a row's answer never depends on its batch. The rest of
+the graph (encoder weights, positions) goes through the int4 rewrite (export/int4.py), which
+leaves the decoder's integer tensors alone and stores those small tensors as one 4-bit matrix
+decoded at load (`ENCODER_DECODED_BELOW`).
 """
 
 from __future__ import annotations

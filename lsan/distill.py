@@ -11,9 +11,9 @@ default 1.0; the padding column is masked on both sides). Several teachers (`--t
 --teacher B`, stored as `train.teacher = "A,B"`) teach as one: the normalised geometric mean of
 their distributions at temperature T (an ensemble of two SASRec sizes is more accurate than
 either). The teacher runs in eval mode under no_grad and is held outside the module tree, so
-it is never in the optimizer, the state dict or DDP's buckets. Its checkpoint path and the sha256 of its model.pt are recorded in the student's
-config.json (`train.teacher`, `train.teacher_sha256`) and metrics.json; a resumed run refuses a
-teacher whose digest changed.
+it is never in the optimizer, the state dict or DDP's buckets. Its checkpoint path and the
+sha256 of its model.pt are recorded in the student's config.json (`train.teacher`,
+`train.teacher_sha256`) and metrics.json; a resumed run refuses a teacher whose digest changed.
 """
 
 from __future__ import annotations

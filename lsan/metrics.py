@@ -16,7 +16,7 @@ def hit_rate(ranks: np.ndarray, k: int) -> float:
 def user_ndcg(ranks: np.ndarray, k: int) -> np.ndarray:
     """Each user's NDCG@k (the paired comparisons of lsan/paired.py need them one by one)."""
     r = np.asarray(ranks, dtype=np.float64)
-    return np.where(r < k, 1.0 / np.log2(np.minimum(r, k) + 2.0), 0.0)
+    return np.where(r < k, 1.0 / np.log2(r + 2.0), 0.0)
 
 
 def ndcg(ranks: np.ndarray, k: int) -> float:

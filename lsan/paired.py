@@ -33,8 +33,13 @@ class Paired:
                 "p_value": self.p_value, "users": self.users}  # fmt: skip
 
     def describe(self) -> str:
-        lo, hi = self.ci95
-        return f"{self.delta:+.4f} [{lo:+.4f}, {hi:+.4f}] p={self.p_value:.2g}"
+        return shown(self.as_dict())
+
+
+def shown(d: dict) -> str:
+    """`Paired.as_dict()` (as stored in results files) in one line: delta [interval] p."""
+    lo, hi = d["ci95"]
+    return f"{d['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}] p={d['p_value']:.2g}"
 
 
 def paired(
