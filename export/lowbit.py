@@ -10,15 +10,17 @@ exactly (c - L + 0.5) * 2^(e / 8). This format stores what defines them and noth
   dozen floats), gathered, not computed, so the values are bit for bit PyTorch's;
 - with two widths, a bitmask (one bit per row) saying which rows are the hot ones.
 
-A decoder of standard ops (BitShift, BitwiseAnd, Cast, CumSum, Gather, Where, Mul) rebuilds the
-float table from these initializers; every input is a constant, so onnxruntime folds it once
-when the session loads. A request gathers the history's rows from that float table; the tied
-output layer (`integer_scores`) multiplies the table's integer grid 2(c - L) + 1 (folded too,
-one byte a value) by each row of h rounded to 8 bits at its own scale, then rescales: 1 byte
-read per table value instead of 4, and a row's answer never depends on its batch. The rest of
-the graph (encoder weights, positions) goes through the int4 rewrite (export/int4.py), which
-leaves the decoder's integer tensors alone and stores those small tensors as one 4-bit matrix
-decoded at load (`ENCODER_DECODED_BELOW`).
+A decoder of standard ops (a 256-entry byte table built from a Range, Gather, Concat, CumSum,
+Where, Mul) rebuilds the table's exact integers 2(c - L) + 1 as one uint8 grid (around
+GRID_ZERO) and each row's half step; every input is a constant, so onnxruntime folds it once
+when the session loads, with no intermediate wider than the packed bytes in int32. A request
+gathers its history's uint8 rows and scales them (`integer_lookups`, the float values bit for
+bit); the tied output layer (`integer_scores`) multiplies the same grid by each row of h rounded
+to 8 bits at its own scale, then rescales: 1 byte read and held per table value instead of 4,
+and a row's answer never depends on its batch. The rest of the graph (encoder weights,
+positions) goes through the int4 rewrite (export/int4.py), which leaves the decoder's integer
+tensors alone and stores those small tensors as one 4-bit matrix decoded at load
+(`ENCODER_DECODED_BELOW`).
 """
 
 from __future__ import annotations
@@ -120,68 +122,83 @@ class _Nodes:
         c = self.op("Cast", [self.unpacked(pack(codes, bits), bits)], to=TensorProto.FLOAT)
         return self.op("Add", [c, self.const(np.array(0.5 - 2 ** (bits - 1), np.float32))])
 
+    def grid(self, codes: np.ndarray, bits: int) -> str:
+        """Rows (n, D) uint8: 2(c - L) + 1 + GRID_ZERO for the codes of one width (bits <= 4),
+        each packed byte looked up in a 256-entry table of its values (built from a Range, so
+        nothing is stored). Every intermediate is the packed bytes' size in int32 or smaller:
+        unpacking through int32 / float tables of every value made a load-time peak of ~10 MB
+        for Beauty's 164 KB artifact (more than an fp32 model's)."""
+        per, i32 = 8 // bits, TensorProto.INT32
+        byte = self.op("Unsqueeze", [self.op("Range", [self.const(np.array(0, np.int32)),
+                                                       self.const(np.array(256, np.int32)),
+                                                       self.const(np.array(1, np.int32))]),
+                                     self.const(np.array([-1], np.int64))])  # fmt: skip
+        c = self.op("Mod", [self.op("Div", [byte, self.const((2 ** (np.arange(per) * bits)).astype(np.int32))]),
+                            self.const(np.array(2**bits, np.int32))])  # fmt: skip
+        v = self.op("Add", [self.op("Mul", [c, self.const(np.array(2, np.int32))]),
+                            self.const(np.array(1 - 2**bits + GRID_ZERO, np.int32))])  # fmt: skip
+        lut = self.op("Cast", [v], to=TensorProto.UINT8)  # (256, per)
+        idx = self.op("Cast", [self.const(pack(codes, bits))], to=i32)  # (n, D / per)
+        rows = self.op("Gather", [lut, idx], axis=0)  # (n, D / per, per)
+        return self.op("Reshape", [rows, self.const(np.array([len(codes), -1], np.int64))])
+
+    def merged(self, hot_rows: str, cold_rows: str, is_hot: np.ndarray) -> str:
+        """The table's rows in id order from its hot rows and its cold rows (each in id order):
+        one Gather of the two stacked, at positions computed from a stored bitmask."""
+        mask_bytes = pack(np.pad(is_hot, (0, -len(is_hot) % 8)).astype(np.uint8)[None], 1)[0]
+        m = self.op("Reshape", [self.unpacked(mask_bytes[None], 1),
+                                self.const(np.array([-1], np.int64))])  # fmt: skip
+        m = self.op("Slice", [m, self.const(np.array([0], np.int64)),
+                              self.const(np.array([len(is_hot)], np.int64))])  # fmt: skip
+        m = self.op("Cast", [m], to=TensorProto.INT64)
+        seen = self.op("CumSum", [m, self.const(np.array(0, np.int64))])  # hot rows up to each
+        ids = self.op("Range", [self.const(np.array(0, np.int64)),
+                                self.const(np.array(len(is_hot), np.int64)),
+                                self.const(np.array(1, np.int64))])  # fmt: skip
+        hot_at = self.op("Sub", [seen, self.const(np.array(1, np.int64))])
+        cold_at = self.op("Add", [self.op("Sub", [ids, seen]),
+                                  self.const(np.array(int(is_hot.sum()), np.int64))])  # fmt: skip
+        at = self.op("Where", [self.op("Cast", [m], to=TensorProto.BOOL), hot_at, cold_at])
+        both = self.op("Concat", [hot_rows, cold_rows], axis=0)
+        return self.op("Gather", [both, at], axis=0)
+
 
 def decoder(t: PackedTable, out: str, prefix: str) -> tuple[list, list]:
-    """Nodes and initializers that compute table `out` (R, D) float32 from `t`'s stored form."""
+    """Nodes and initializers that compute table `out` (R, D) float32 from `t`'s stored form.
+
+    A table of rows up to 4 bits also gets `out + GRID`, its integers 2(c - L) + 1 as uint8
+    around GRID_ZERO, and `out + HALF`, each row's half step: the float table is then computed
+    from them, and readers rewritten to use them instead (integer_scores, integer_lookups) leave
+    it unread, so it is pruned and never held in memory."""
     n = _Nodes(prefix)
     widths = sorted(set(t.bits.tolist()))
     if len(widths) > 2:
         raise ExportError(f"the lowbit format stores at most two row widths, not {widths}")
+    grid = widths[-1] <= 4  # integers |2(c - L) + 1| <= 15 fit a byte around GRID_ZERO
+    rows_of = n.grid if grid else n.values
     if len(widths) == 1:
-        rows = n.values(t.codes, widths[0])
+        rows = rows_of(t.codes, widths[0])
     else:
-        cold, hot = widths[0], widths[1]
-        is_hot = t.bits == hot
-        mask_bytes = pack(np.pad(is_hot, (0, -len(is_hot) % 8)).astype(np.uint8)[None], 1)[0]
-        m = n.op(
-            "Reshape",
-            [
-                n.unpacked(mask_bytes[None], 1),
-                n.const(np.array([-1], np.int64)),
-            ],
-        )
-        m = n.op(
-            "Slice",
-            [m, n.const(np.array([0], np.int64)), n.const(np.array([len(is_hot)], np.int64))],
-        )
-        m = n.op("Cast", [m], to=TensorProto.INT64)
-        seen = n.op("CumSum", [m, n.const(np.array(0, np.int64))])  # hot rows up to each row
-        hot_at = n.op(
-            "Max",
-            [n.op("Sub", [seen, n.const(np.array(1, np.int64))]), n.const(np.array(0, np.int64))],
-        )
-        ids = n.op(
-            "Range",
-            [
-                n.const(np.array(0, np.int64)),
-                n.const(np.array(len(is_hot), np.int64)),
-                n.const(np.array(1, np.int64)),
-            ],
-        )
-        cold_at = n.op("Max", [n.op("Sub", [ids, seen]), n.const(np.array(0, np.int64))])
-        hot_rows = n.op("Gather", [n.values(t.codes[is_hot], hot), hot_at], axis=0)
-        cold_rows = n.op("Gather", [n.values(t.codes[~is_hot], cold), cold_at], axis=0)
-        which = n.op(
-            "Unsqueeze", [n.op("Cast", [m], to=TensorProto.BOOL), n.const(np.array([-1], np.int64))]
-        )
-        rows = n.op("Where", [which, hot_rows, cold_rows])
+        is_hot = t.bits == widths[1]
+        rows = n.merged(rows_of(t.codes[is_hot], widths[1]), rows_of(t.codes[~is_hot], widths[0]),
+                        is_hot)  # fmt: skip
     # only the steps the rows use (a trained table spans a few octaves of the 256): the same
     # float32 values as PyTorch's step_table(), indexed from the lowest exponent used
     lo, hi = int(t.exps.min()) + 128, int(t.exps.max()) + 128
     at = n.op("Add", [n.op("Cast", [n.const(t.exps)], to=TensorProto.INT32),
                       n.const(np.array(128 - lo, np.int32))])  # fmt: skip
     flat = n.op("Gather", [n.const(rowquant.step_table().numpy()[lo : hi + 1]), at], axis=0)
-    steps = n.op("Unsqueeze", [flat, n.const(np.array([-1], np.int64))])
-    n.op("Mul", [rows, steps], out)
-    if t.bits.max() <= 4:  # the same table as exact integers 2(c - L) + 1, |.| <= 15, stored
-        # uint8 around GRID_ZERO, and half steps: what the tied output layer multiplies
-        # (integer_scores); 8-bit rows' integers do not fit a byte, so such a table has no grid
-        # and keeps the float scores
-        twice = n.op("Mul", [rows, n.const(np.array(2.0, np.float32))])
-        shifted = n.op("Add", [twice, n.const(np.array(GRID_ZERO, np.float32))])
-        n.op("Cast", [shifted], out + GRID, to=TensorProto.UINT8)
-        n.op("Mul", [flat, n.const(np.array(0.5, np.float32))], out + HALF)
-    return n.nodes, n.inits  # fmt: skip
+    column = n.const(np.array([-1], np.int64))
+    if not grid:
+        n.op("Mul", [rows, n.op("Unsqueeze", [flat, column])], out)
+        return n.nodes, n.inits
+    n.op("Identity", [rows], out + GRID)
+    half = n.op("Mul", [flat, n.const(np.array(0.5, np.float32))], out + HALF)
+    # (grid - GRID_ZERO) * half step = (c - L + 0.5) * step, the same product rounded once
+    ints = n.op("DequantizeLinear", [out + GRID, n.const(np.array(1.0, np.float32)),
+                                     n.const(np.array(GRID_ZERO, np.uint8))])  # fmt: skip
+    n.op("Mul", [ints, n.op("Unsqueeze", [half, column])], out)
+    return n.nodes, n.inits
 
 
 GRID, HALF = "_grid", "_half"  # decoder outputs beside the float table: integers, half steps
@@ -231,6 +248,38 @@ def integer_scores(model: onnx.ModelProto, table: str) -> int:
     return done
 
 
+def integer_lookups(model: onnx.ModelProto, table: str) -> int:
+    """Row lookups `Gather(table, ids)` decoded from the integer grid per request: the gathered
+    uint8 rows, minus GRID_ZERO, times their half steps (the float table's values bit for bit).
+    With the scores on the grid too, no float copy of the table is held: 1 byte a value in
+    memory instead of 5. The count rewritten (0 for a table without a grid)."""
+    graph = model.graph
+    made = {o for node in graph.node for o in node.output}
+    if table + GRID not in made:
+        return 0
+    new, done = [], 0
+    for node in graph.node:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type != "Gather" or node.input[0] != table or axis != 0:
+            new.append(node)
+            continue
+        n = _Nodes(f"{node.output[0]}_il_")
+        ids = node.input[1]
+        rows = n.op("Gather", [table + GRID, ids], axis=0)
+        ints = n.op("DequantizeLinear", [rows, n.const(np.array(1.0, np.float32)),
+                                         n.const(np.array(GRID_ZERO, np.uint8))])  # fmt: skip
+        halves = n.op("Unsqueeze", [table + HALF, n.const(np.array([-1], np.int64))])
+        n.op("Mul", [ints, n.op("Gather", [halves, ids], axis=0)], node.output[0])
+        new += n.nodes
+        graph.initializer.extend(n.inits)
+        done += 1
+    if done:
+        del graph.node[:]
+        graph.node.extend(new)
+    prune(model)  # the float table, when nothing reads it any more
+    return done
+
+
 def replace_table(model: onnx.ModelProto, t: PackedTable) -> str:
     """Swap the float initializer holding `t.values` for its decoder; the initializer's name."""
     graph, values = model.graph, t.values
@@ -255,7 +304,9 @@ def quantize_lowbit(fp32: Path, out: Path, t: PackedTable | None) -> None:
     from lsan.export.int4 import quantize_int4
 
     model = onnx.load(str(fp32))
-    integer_scores(model, replace_table(model, t))
+    table = replace_table(model, t)
+    integer_scores(model, table)
+    integer_lookups(model, table)
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "table.onnx"
         onnx.save(model, str(staged))

@@ -14,7 +14,14 @@ from lsan import artifact
 from lsan.checkpoint import load_model
 from lsan.cli import main as lsan_main
 from lsan.export.export import export
-from lsan.export.lowbit import PackedTable, decoder, freeze, integer_scores, pack
+from lsan.export.lowbit import (
+    PackedTable,
+    decoder,
+    freeze,
+    integer_lookups,
+    integer_scores,
+    pack,
+)
 from lsan.models import build_model, model_config
 from lsan.models.item_tables import LowBitTable
 from lsan.models.rowquant import choose_exponents, dequantize_rows, quantize_rows, step_table
@@ -125,6 +132,30 @@ def test_the_tied_output_layer_scores_the_integer_grid_row_by_row(hot_bits):
     np.testing.assert_array_equal(alone[0], got[1])
 
 
+@pytest.mark.parametrize("hot_bits", [4, 8])
+def test_row_lookups_decode_the_grid_per_request_and_no_float_table_is_left(hot_bits):
+    """Gather(table, ids) becomes the gathered uint8 rows times their half steps: the float
+    table's rows bit for bit, and the float table itself is pruned (1 byte a value in memory).
+    A table with 8-bit rows has no grid and keeps its float lookup."""
+    table = LowBitTable(63, 16, bits=2, hot_rows=9, hot_bits=hot_bits)
+    table.reset(0.05)
+    table.assign_hot(np.arange(64, dtype=np.float32))
+    t = freeze(torch.nn.ModuleDict({"item_emb": table}))
+    assert t is not None
+    nodes, inits = decoder(t, "table", "d_")
+    nodes.append(helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0))
+    ids_in = helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "t"])
+    out = helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["b", "t", 16])
+    model = helper.make_model(helper.make_graph(nodes, "g", [ids_in], [out], inits),
+                              opset_imports=[helper.make_opsetid("", 18)])  # fmt: skip
+    assert integer_lookups(model, "table") == (1 if hot_bits == 4 else 0)
+    made = {o for node in model.graph.node for o in node.output}
+    assert ("table" in made) == (hot_bits == 8)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(1).integers(0, 64, size=(3, 7))
+    np.testing.assert_array_equal(sess.run(["rows"], {"ids": ids})[0], t.values[ids])
+
+
 def test_hot_rows_are_the_most_popular_items_and_cost_more_bits():
     table = LowBitTable(9, 8, bits=1, hot_rows=3, hot_bits=8)
     counts = np.array([100, 1, 5, 9, 0, 7, 2, 3, 4, 8], np.float32)  # index 0 = padding
@@ -221,6 +252,14 @@ def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(
         t.nbytes for t in tensors if t.dtype in (np.uint8, np.int8) and t.size >= rows // 8
     )
     assert budget - 64 <= stored <= budget + 64
+    # decoding at load never materialises the table in int32 or float (a 10 MB peak at Beauty's
+    # size): the widest intermediate of R x D values is the uint8 grid
+    inferred = onnx.shape_inference.infer_shapes(m).graph.value_info
+    wide = [v.name for v in inferred
+            if v.type.tensor_type.elem_type != TensorProto.UINT8
+            and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
+            and np.prod([d.dim_value for d in v.type.tensor_type.shape.dim]) >= rows * dim]  # fmt: skip
+    assert wide == []
     steps = [t for t in tensors if t.dtype == np.float32 and t.ndim == 1 and t.size > 1]
     assert max(t.size for t in steps) < 64  # only the steps used, not all 256
 
