@@ -10,7 +10,10 @@ onnxruntime on that exact file (export's own verification), bytes are every file
 (`artifact_bytes`) beside model.onnx alone. Latency: batch 1, full history, 1 thread, cold
 (one call per artifact in turn) and warm (blocks of calls) p50/p95/p99 over interleaved rounds;
 `p50_ms` is the warm p50. Beside it the floor computed from the graph (benchmarks.floor) and the
-speed against the fastest SASRec artifact that is at least as accurate. For every artifact the table names the best
+speed against the fastest SASRec artifact that is at least as accurate, and memory: the peak
+resident set of a fresh process that loads the artifact as the server does and answers requests
+(benchmarks.memory; `rss_over_import_mib` is its rise over that process after its imports, so
+what the model and its session hold at their peak). For every artifact the table names the best
 SASRec artifact that fits in the same bytes, so "compression" is judged against simply using a
 smaller SASRec. Writes `<name>.json` (a list, one object per artifact with the keys the
 device-frontier issue fixes, plus a `context` object), `<name>.md` and `<name>.png` in --results.
@@ -112,6 +115,18 @@ def floors(arts: dict[str, Any], folders: dict[str, Path], k: int) -> dict[str, 
         work = floor.graph_work(folders[key] / "model.onnx", x)
         out[key] = work | floor.floor(work, ref, a.meta.quantization.startswith("int8"))
     out["_reference"] = {k: v for k, v in ref.items() if k != "bandwidth"}
+    return out
+
+
+def memory(folders: dict[str, Path], requests: int = 20) -> dict[str, dict]:
+    """Peak RSS of a fresh serving process per artifact (on a device, what the OS must grant)."""
+    from lsan.benchmarks.memory import peak_rss
+
+    out = {}
+    for key, folder in folders.items():
+        r = peak_rss(folder, requests)
+        out[key] = {"peak_rss_mib": r["peak_rss_mib"],
+                    "rss_over_import_mib": r["peak_rss_mib"] - r["after_import_mib"]}  # fmt: skip
     return out
 
 
@@ -229,19 +244,22 @@ def latency_table(points: list[dict[str, Any]], reference: str) -> str:
     ref = next((p for p in points if p["name"] == reference and p["format"] == "fp32"), None)
     head = ("| artifact | format | cold p50 / p95 / p99 ms | warm p50 / p95 / p99 ms | nodes "
             "| MFLOP | KB read | floor ms | warm p50 / floor | vs " + reference + " fp32 "
-            "| fastest SASRec as accurate | speed vs it |\n|" + "---|" * 12 + "\n")  # fmt: skip
+            "| fastest SASRec as accurate | speed vs it | peak RSS MiB (over imports) |\n|"
+            + "---|" * 13 + "\n")  # fmt: skip
     lines = []
     for p in sorted(points, key=lambda p: p["p50_ms"]):
         c, w = p["cold"], p["warm"]
         vs_ref = f"{ref['p50_ms'] / p['p50_ms']:.2f}x" if ref else "–"
         speed = p.get("speedup_vs_that_sasrec")
+        rss = p.get("peak_rss_mib")  # rows carried from runs before it was measured have none
+        mem = "–" if rss is None else f"{rss:.1f} ({p['rss_over_import_mib']:.1f})"
         lines.append(
             f"| {p['name']} | {p['format']} | {c['p50']:.3f} / {c['p95']:.3f} / {c['p99']:.3f} "
             f"| {w['p50']:.3f} / {w['p95']:.3f} / {w['p99']:.3f} | {p['nodes']} "
             f"| {p['flops'] / 1e6:.1f} | {p['bytes_read'] / 1e3:,.0f} | {p['floor_ms']:.3f} "
             f"| {p['p50_ms'] / p['floor_ms']:.1f}x | {vs_ref} "
             f"| {p.get('fastest_sasrec_as_accurate') or '–'} "
-            f"| {'–' if speed is None else f'{speed:.2f}x'} |"
+            f"| {'–' if speed is None else f'{speed:.2f}x'} | {mem} |"
         )
     return head + "\n".join(lines) + "\n"
 
@@ -340,9 +358,11 @@ def main(argv: list[str] | None = None) -> int:
             points.append(describe_row(name, ckpt, fmt, arts[key].meta))
     times = timings(arts, rounds=args.rounds)
     graph_work = floors(arts, folders, args.k)
+    held = memory(folders)
     for p in points:
         key = f"{p['name']}/{p['format']}"
-        p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **graph_work[key]}
+        p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **graph_work[key],
+              **held[key]}  # fmt: skip
         p["p50_ms"] = times[key]["warm"]["p50"]
         p["commit"] = commit()
     paired_with_reference(arts, points, args.reference, args.data_dir)
