@@ -3,7 +3,8 @@
 Trained checkpoints exist for one catalogue each; to see how cost grows with |V|, the same
 architectures (the benchmarked checkpoints' configs, plus the balanced-table variant of each
 compositional LSAN, since m1 = 2 keeps a |V|/2-row table) are built randomly initialised for
-catalogues of e.g. 10k, 100k and 1M items and exported to fp32 and int8 (dynamic). Random
+catalogues of e.g. 10k, 100k and 1M items and exported to fp32 and int8 (dynamic), and a low-bit
+table's architecture to its `lowbit` format too (its hot rows the lowest ids). Random
 weights cost the same bytes and time as trained ones. Full tables grow as |V| D; balanced LSAN
 tables as N |V|^(1/N) D, plus N + 1 numbers per item and the N |V| score additions. Models whose
 export would need more than `max_memory` bytes are skipped, and the row says so.
@@ -26,9 +27,10 @@ from lsan.benchmarks.bound import bound_row
 from lsan.benchmarks.latency import request_feeds, summary, timed
 from lsan.benchmarks.size import weights
 from lsan.export.graph import export_fp32
+from lsan.export.lowbit import freeze
 from lsan.export.quantize import convert
 from lsan.models import DataInfo, build_model
-from lsan.models.item_tables import table_sizes
+from lsan.models.item_tables import LowBitTable, table_sizes
 
 EXPORT_MEMORY_FACTOR = (
     8  # peak RSS of export + quantization / fp32 item bytes (~8.7 measured at 1M)
@@ -37,7 +39,10 @@ EXPORT_MEMORY_FACTOR = (
 
 def describe(name: str, cfg: Any) -> str:
     if name == "sasrec":
-        return f"sasrec D={cfg.dim} L={cfg.layers}"
+        grid = (
+            f" {cfg.bits}-bit +{cfg.hot_rows} at {cfg.hot_bits}" if getattr(cfg, "bits", 0) else ""
+        )
+        return f"sasrec D={cfg.dim} L={cfg.layers}{grid}"
     if getattr(cfg, "full_table", False):
         return f"{name} full D={cfg.dim}"
     layout = "balanced" if cfg.m1 == 0 else f"m1={cfg.m1}"
@@ -83,20 +88,24 @@ def measure(
                 continue
             torch.manual_seed(0)
             model = build_model(name, cfg, info).eval()
+            if isinstance(model.item_emb, LowBitTable):  # its hot rows: the lowest ids, Zipf-like
+                model.item_emb.assign_hot(1.0 / torch.arange(1, num_items + 2, dtype=torch.float32))
+            table = freeze(model)
             total, item = weights(model, info)
             fp32 = work / "scaling-fp32.onnx"
             export_fp32(model, info, fp32, min(k, num_items))  # the artifacts' top-K
             x = request_feeds(info, 1, info.max_len)
-            for fmt in ("fp32", "int8"):
+            for fmt in ("fp32", "int8") + (("lowbit",) if table is not None else ()):
                 path = fp32 if fmt == "fp32" else work / f"scaling-{fmt}.onnx"
                 if fmt != "fp32":
-                    convert(fp32, path, fmt, [])
+                    convert(fp32, path, fmt, [], table)
                 sess = session(path, 1)
                 run = partial(sess.run, ["top_items", "top_scores"], x)
                 times = timed(run, warmup, repeats, budget_s)
+                bound = bound_row(model, info, info.max_len, fmt, peak)
+                bound["bytes_read"] = bound.pop("bytes")  # a request's reads, not the file's
                 row = {**base, "format": fmt, "weights": total, "item_weights": item,
-                       "bytes": path.stat().st_size, **summary(times, 1),
-                       **bound_row(model, info, info.max_len, fmt, peak)}  # fmt: skip
+                       "bytes": path.stat().st_size, **summary(times, 1), **bound}  # fmt: skip
                 rows.append(row)
                 log(f"  {desc:32s} |V|={num_items:>9,d} {fmt:5s} {row['bytes']:>13,d} B  "
                     f"p50 {row['p50_ms']:.3f} ms")  # fmt: skip

@@ -92,6 +92,8 @@ def test_scaling(suite):
     assert {r["arch"].split()[0] for r in rows} == {"sasrec", "lsan"}
     for r in rows:
         assert r["bytes"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] and r["bound_ms"] > 0
+        # the file's bytes (the bound's own count of a request's reads is bytes_read)
+        assert r["bytes"] != r["bytes_read"] > 0
 
     def item_bytes(arch, v):
         return next(r["item_weights"] for r in rows if r["arch"].startswith(arch)
@@ -164,3 +166,27 @@ def test_the_bandwidth_curve_times_copies_not_page_faults():
     curve = bound.bandwidth_curve(16 << 20, reps_s=0.01)
     assert [c["bytes"] for c in curve] == [256 << 10, 2 << 20, 16 << 20]
     assert min(c["gb_per_s"] for c in curve) > max(c["gb_per_s"] for c in curve) / 20
+
+
+def test_scaling_measures_a_low_bit_table_in_its_own_format_too(tmp_path):
+    """A low-bit architecture grows to larger catalogues in fp32, int8 and its lowbit format,
+    whose file stays the smallest and whose answers are timed like the others."""
+    from lsan.benchmarks import scaling
+    from lsan.models import DataInfo, model_config
+
+    cfg = model_config("sasrec", {"dim": 16, "layers": 1, "bits": 2, "hot_rows": 50})
+    arch = [(scaling.describe("sasrec", cfg), "sasrec", cfg, DataInfo(100, 3, 2, 10))]
+    peak = {"peak_gflops_1core": 50.0, "int8_factor": 4,
+            "bandwidth": [{"bytes": 1 << 30, "gb_per_s": 10.0}]}  # fmt: skip
+    rows = scaling.measure(arch, [2000, 8000], tmp_path, peak, warmup=2, repeats=5,
+                           budget_s=0.2, max_memory=1 << 30, log=lambda *a: None)  # fmt: skip
+    assert arch[0][0] == "sasrec D=16 L=1 2-bit +50 at 4"
+    share = []
+    for v in (2000, 8000):
+        by = {r["format"]: r for r in rows if r["num_items"] == v}
+        assert set(by) == {"fp32", "int8", "lowbit"}
+        assert by["lowbit"]["bytes"] < by["int8"]["bytes"] < by["fp32"]["bytes"]
+        assert by["lowbit"]["p50_ms"] > 0 and by["lowbit"]["bound_ms"] > 0
+        share.append(by["lowbit"]["bytes"] / by["int8"]["bytes"])
+    # the table's ~2.6 bits a value against 8 take over as the catalogue grows
+    assert share[1] < share[0] and share[1] < 0.5
