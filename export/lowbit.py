@@ -208,22 +208,41 @@ GRID, HALF = "_grid", "_half"  # decoder outputs beside the float table: integer
 GRID_ZERO = 16
 
 
+def _rewrite(model: onnx.ModelProto, tag: str, matches, build) -> int:
+    """Replace each node `matches` accepts by what `build(nodes, node)` adds (writing the node's
+    output), then drop what nothing reads any more; the count replaced."""
+    graph = model.graph
+    new, done = [], 0
+    for node in list(graph.node):
+        if not matches(node):
+            new.append(node)
+            continue
+        n = _Nodes(f"{node.output[0]}_{tag}_")
+        build(n, node)
+        new += n.nodes
+        graph.initializer.extend(n.inits)
+        done += 1
+    if done:
+        del graph.node[:]
+        graph.node.extend(new)
+    prune(model)
+    return done
+
+
 def integer_scores(model: onnx.ModelProto, table: str) -> int:
     """The tied output layer `h @ Transpose(table)` on the table's integer grid: each row of h
     rounded to -127..127 at its own scale (max |h| / 127: a row never depends on the rest of a
     batch), MatMulInteger against the grid (Transpose folded at load), then h's scale and each
     item's half step. Reads 1 byte per table value instead of 4; the count rewritten (0 for a
     table without a grid, one with 8-bit rows)."""
-    graph = model.graph
-    made = {o: node for node in graph.node for o in node.output}
-    grid = table + GRID in made
-    new, done = [], 0
-    for node in graph.node:
-        src = made.get(node.input[1]) if node.op_type == "MatMul" and grid else None
-        if src is None or src.op_type != "Transpose" or src.input[0] != table:
-            new.append(node)
-            continue
-        n = _Nodes(f"{node.output[0]}_is_")
+    made = {o: node for node in model.graph.node for o in node.output}
+
+    def matches(node) -> bool:
+        src = made.get(node.input[1]) if node.op_type == "MatMul" else None
+        grid = table + GRID in made
+        return grid and src is not None and src.op_type == "Transpose" and src.input[0] == table
+
+    def build(n: _Nodes, node) -> None:
         h = node.input[0]
         top = n.op("ReduceMax", [n.op("Abs", [h]), n.const(np.array([-1], np.int64))], keepdims=1)
         scale = n.op("Max", [n.op("Mul", [top, n.const(np.array(1 / 127, np.float32))]),
@@ -238,14 +257,8 @@ def integer_scores(model: onnx.ModelProto, table: str) -> int:
                                       n.const(np.array(GRID_ZERO, np.uint8))])  # fmt: skip
         f = n.op("Mul", [n.op("Cast", [dots], to=TensorProto.FLOAT), scale])
         n.op("Mul", [f, table + HALF], node.output[0])
-        new += n.nodes
-        graph.initializer.extend(n.inits)
-        done += 1
-    if done:
-        del graph.node[:]
-        graph.node.extend(new)
-    prune(model)  # the float Transpose, or the grid when nothing reads it
-    return done
+
+    return _rewrite(model, "is", matches, build)  # prunes the float Transpose
 
 
 def integer_lookups(model: onnx.ModelProto, table: str) -> int:
@@ -253,31 +266,21 @@ def integer_lookups(model: onnx.ModelProto, table: str) -> int:
     uint8 rows, minus GRID_ZERO, times their half steps (the float table's values bit for bit).
     With the scores on the grid too, no float copy of the table is held: 1 byte a value in
     memory instead of 5. The count rewritten (0 for a table without a grid)."""
-    graph = model.graph
-    made = {o for node in graph.node for o in node.output}
-    if table + GRID not in made:
-        return 0
-    new, done = [], 0
-    for node in graph.node:
+    grid = table + GRID in {o for node in model.graph.node for o in node.output}
+
+    def matches(node) -> bool:
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if node.op_type != "Gather" or node.input[0] != table or axis != 0:
-            new.append(node)
-            continue
-        n = _Nodes(f"{node.output[0]}_il_")
+        return grid and node.op_type == "Gather" and node.input[0] == table and axis == 0
+
+    def build(n: _Nodes, node) -> None:
         ids = node.input[1]
         rows = n.op("Gather", [table + GRID, ids], axis=0)
         ints = n.op("DequantizeLinear", [rows, n.const(np.array(1.0, np.float32)),
                                          n.const(np.array(GRID_ZERO, np.uint8))])  # fmt: skip
         halves = n.op("Unsqueeze", [table + HALF, n.const(np.array([-1], np.int64))])
         n.op("Mul", [ints, n.op("Gather", [halves, ids], axis=0)], node.output[0])
-        new += n.nodes
-        graph.initializer.extend(n.inits)
-        done += 1
-    if done:
-        del graph.node[:]
-        graph.node.extend(new)
-    prune(model)  # the float table, when nothing reads it any more
-    return done
+
+    return _rewrite(model, "il", matches, build)  # prunes the float table once unread
 
 
 def replace_table(model: onnx.ModelProto, t: PackedTable) -> str:

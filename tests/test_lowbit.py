@@ -95,24 +95,34 @@ def test_the_onnx_decoder_rebuilds_pytorchs_table_bit_for_bit(hot):
     np.testing.assert_array_equal(_decode_with_onnxruntime(t), expected.numpy())
 
 
+def _hot_table(hot_bits: int) -> PackedTable:
+    """A frozen 63-item table: 2-bit rows and 9 hot rows (the highest ids) at `hot_bits`."""
+    table = LowBitTable(63, 16, bits=2, hot_rows=9, hot_bits=hot_bits)
+    table.reset(0.05)
+    table.assign_hot(np.arange(64, dtype=np.float32))
+    t = freeze(torch.nn.ModuleDict({"item_emb": table}))
+    assert t is not None
+    return t
+
+
+def _model(nodes, inits, graph_in, graph_out) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [graph_in], [graph_out], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
 @pytest.mark.parametrize("hot_bits", [4, 8])
 def test_the_tied_output_layer_scores_the_integer_grid_row_by_row(hot_bits):
     """h @ table.T becomes int8 rows of h (each its own scale) times the table's exact integer
     grid, rescaled by h's scale and each item's half step: exactly that arithmetic, and a
     row's scores do not depend on the other rows. A table with 8-bit rows keeps the float path
     (its grid does not fit int8)."""
-    table = LowBitTable(63, 16, bits=2, hot_rows=9, hot_bits=hot_bits)
-    table.reset(0.05)
-    table.assign_hot(np.arange(64, dtype=np.float32))
-    t = freeze(torch.nn.ModuleDict({"item_emb": table}))
-    assert t is not None
+    t = _hot_table(hot_bits)
     nodes, inits = decoder(t, "table", "d_")
     nodes += [helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
               helper.make_node("MatMul", ["h", "table_t"], ["scores"])]  # fmt: skip
     h_in = helper.make_tensor_value_info("h", TensorProto.FLOAT, ["b", 16])
     out = helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["b", 64])
-    model = helper.make_model(helper.make_graph(nodes, "s", [h_in], [out], inits),
-                              opset_imports=[helper.make_opsetid("", 18)])  # fmt: skip
+    model = _model(nodes, inits, h_in, out)
     assert integer_scores(model, "table") == (1 if hot_bits == 4 else 0)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     h = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
@@ -137,17 +147,12 @@ def test_row_lookups_decode_the_grid_per_request_and_no_float_table_is_left(hot_
     """Gather(table, ids) becomes the gathered uint8 rows times their half steps: the float
     table's rows bit for bit, and the float table itself is pruned (1 byte a value in memory).
     A table with 8-bit rows has no grid and keeps its float lookup."""
-    table = LowBitTable(63, 16, bits=2, hot_rows=9, hot_bits=hot_bits)
-    table.reset(0.05)
-    table.assign_hot(np.arange(64, dtype=np.float32))
-    t = freeze(torch.nn.ModuleDict({"item_emb": table}))
-    assert t is not None
+    t = _hot_table(hot_bits)
     nodes, inits = decoder(t, "table", "d_")
     nodes.append(helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0))
     ids_in = helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "t"])
     out = helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["b", "t", 16])
-    model = helper.make_model(helper.make_graph(nodes, "g", [ids_in], [out], inits),
-                              opset_imports=[helper.make_opsetid("", 18)])  # fmt: skip
+    model = _model(nodes, inits, ids_in, out)
     assert integer_lookups(model, "table") == (1 if hot_bits == 4 else 0)
     made = {o for node in model.graph.node for o in node.output}
     assert ("table" in made) == (hot_bits == 8)
