@@ -51,13 +51,15 @@ def commit() -> str:
 def export_row(
     name: str, ckpt: Path, formats: list[str], work: Path, data_dir: str
 ) -> dict[str, Path]:
-    """Export `ckpt` in every format (one ONNX graph, one PyTorch evaluation); folder per format."""
+    """Export `ckpt` in every format (one ONNX graph, one PyTorch evaluation); folder per format.
+
+    Always exported again: artifacts left in `work` by an earlier run carry no mark of the
+    exporter that wrote them, and reusing them measured an old export as the current one."""
     from lsan.export.export import export
 
     base = work / name
-    if set(formats) - set(written(base, formats)):
-        export(ckpt, base, quant="auto", formats=tuple(formats), every_format=base, force=True,
-               data_dir=data_dir, log=lambda *a: print(f"[{name}]", *a, file=sys.stderr))  # fmt: skip
+    export(ckpt, base, quant="auto", formats=tuple(formats), every_format=base, force=True,
+           data_dir=data_dir, log=lambda *a: print(f"[{name}]", *a, file=sys.stderr))  # fmt: skip
     return written(base, formats)
 
 
