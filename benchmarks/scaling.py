@@ -88,8 +88,9 @@ def measure(
                 continue
             torch.manual_seed(0)
             model = build_model(name, cfg, info).eval()
-            if isinstance(model.item_emb, LowBitTable):  # its hot rows: the lowest ids, Zipf-like
-                model.item_emb.assign_hot(1.0 / torch.arange(1, num_items + 2, dtype=torch.float32))
+            emb = getattr(model, "item_emb", None)
+            if isinstance(emb, LowBitTable):  # its hot rows: the lowest ids, Zipf-like counts
+                emb.assign_hot(1.0 / torch.arange(1, num_items + 2, dtype=torch.float32))
             table = freeze(model)
             total, item = weights(model, info)
             fp32 = work / "scaling-fp32.onnx"
