@@ -361,12 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     times = timings(arts, rounds=args.rounds)
     graph_work = floors(arts, folders, args.k)
     held = memory(folders)
+    measured_at = commit()
     for p in points:
         key = f"{p['name']}/{p['format']}"
         p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **graph_work[key],
               **held[key]}  # fmt: skip
         p["p50_ms"] = times[key]["warm"]["p50"]
-        p["commit"] = commit()
+        p["commit"] = measured_at
     paired_with_reference(arts, points, args.reference, args.data_dir)
     out = Path(args.results)
     if args.keep:

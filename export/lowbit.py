@@ -142,6 +142,13 @@ class _Nodes:
         rows = self.op("Gather", [lut, idx], axis=0)  # (n, D / per, per)
         return self.op("Reshape", [rows, self.const(np.array([len(codes), -1], np.int64))])
 
+    def scaled(self, grid_rows: str, halves: str, out: str = "") -> str:
+        """Float rows from uint8 grid rows: (grid - GRID_ZERO) * half step = (c - L + 0.5) *
+        step, the same product as PyTorch's, rounded once (`halves` broadcast per row)."""
+        ints = self.op("DequantizeLinear", [grid_rows, self.const(np.array(1.0, np.float32)),
+                                            self.const(np.array(GRID_ZERO, np.uint8))])  # fmt: skip
+        return self.op("Mul", [ints, halves], out)
+
     def merged(self, hot_rows: str, cold_rows: str, is_hot: np.ndarray) -> str:
         """The table's rows in id order from its hot rows and its cold rows (each in id order):
         one Gather of the two stacked, at positions computed from a stored bitmask."""
@@ -194,10 +201,7 @@ def decoder(t: PackedTable, out: str, prefix: str) -> tuple[list, list]:
         return n.nodes, n.inits
     n.op("Identity", [rows], out + GRID)
     half = n.op("Mul", [flat, n.const(np.array(0.5, np.float32))], out + HALF)
-    # (grid - GRID_ZERO) * half step = (c - L + 0.5) * step, the same product rounded once
-    ints = n.op("DequantizeLinear", [out + GRID, n.const(np.array(1.0, np.float32)),
-                                     n.const(np.array(GRID_ZERO, np.uint8))])  # fmt: skip
-    n.op("Mul", [ints, n.op("Unsqueeze", [half, column])], out)
+    n.scaled(out + GRID, n.op("Unsqueeze", [half, column]), out)
     return n.nodes, n.inits
 
 
@@ -236,10 +240,10 @@ def integer_scores(model: onnx.ModelProto, table: str) -> int:
     item's half step. Reads 1 byte per table value instead of 4; the count rewritten (0 for a
     table without a grid, one with 8-bit rows)."""
     made = {o: node for node in model.graph.node for o in node.output}
+    grid = table + GRID in made
 
     def matches(node) -> bool:
         src = made.get(node.input[1]) if node.op_type == "MatMul" else None
-        grid = table + GRID in made
         return grid and src is not None and src.op_type == "Transpose" and src.input[0] == table
 
     def build(n: _Nodes, node) -> None:
@@ -274,11 +278,9 @@ def integer_lookups(model: onnx.ModelProto, table: str) -> int:
 
     def build(n: _Nodes, node) -> None:
         ids = node.input[1]
-        rows = n.op("Gather", [table + GRID, ids], axis=0)
-        ints = n.op("DequantizeLinear", [rows, n.const(np.array(1.0, np.float32)),
-                                         n.const(np.array(GRID_ZERO, np.uint8))])  # fmt: skip
         halves = n.op("Unsqueeze", [table + HALF, n.const(np.array([-1], np.int64))])
-        n.op("Mul", [ints, n.op("Gather", [halves, ids], axis=0)], node.output[0])
+        n.scaled(n.op("Gather", [table + GRID, ids], axis=0),
+                 n.op("Gather", [halves, ids], axis=0), node.output[0])  # fmt: skip
 
     return _rewrite(model, "il", matches, build)  # prunes the float table once unread
 
