@@ -72,6 +72,8 @@ class TrainConfig:
     kd_temperature: float = 1.0  # softmax temperature of both sides of the distillation loss
     teacher_init: bool = False  # start from the teacher's weights where names and shapes match
     init: str = ""  # start from this checkpoint's weights where names and shapes match ("" = none)
+    ema: float = 0.0  # decay of a per-step moving average of the weights, which is what is
+    # evaluated, kept and exported (0 = off, the live weights; 0.99 averages about 100 steps)
 
     def __post_init__(self) -> None:
         validate(self, "train.")
@@ -161,6 +163,7 @@ RULES: dict[str, Rule] = {
     ),
     "train.kd_weight": _unit(high_open=False),
     "train.kd_temperature": _above(0),
+    "train.ema": _unit(high_open=True),
     # eval
     "eval.ks": (_ks, "must be cut-offs >= 1 that include 10 (NDCG@10 selects the model)"),
     "eval.batch_size": _at_least(1),

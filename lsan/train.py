@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm.auto import tqdm
 
 from lsan import distributed
@@ -44,6 +45,26 @@ from lsan.models.objectives import LOSSES
 from lsan.models.pop import Pop
 
 MONITOR = "NDCG@10"  # validation metric for early stopping and model selection
+
+
+def averaged(model: torch.nn.Module, decay: float) -> AveragedModel | None:
+    """An exponential moving average of `model`'s parameters (None when decay is 0).
+
+    Why: validation on a fine-tune at a low learning rate is noisy from epoch to epoch; the
+    average is a smoother model to select. Buffers (a table's widths and steps) are the live
+    model's at the start; `current` refreshes what depends on the averaged weights.
+    """
+    if decay == 0:
+        return None
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
+
+
+def current(model: torch.nn.Module, ema: AveragedModel | None) -> torch.nn.Module:
+    """The model to evaluate and keep: the live one, or the average with its steps re-chosen."""
+    if ema is None:
+        return model
+    # entering training mode is when a low-bit table chooses its steps for its weights
+    return ema.module.train().eval()
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -139,6 +160,7 @@ def train(
         cast(Pop, model).fit_counts(torch.as_tensor(item_counts(ds)))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay) if params else None
+    ema = averaged(model, tc.ema)
     check_resume(out, run, info, model, resume)  # a refused --resume leaves `out` untouched
     out.mkdir(parents=True, exist_ok=True)
     if ctx.main:
@@ -153,6 +175,8 @@ def train(
         model.load_state_dict(saved["model"])
         if opt is not None:
             opt.load_state_dict(saved["optimizer"])
+        if ema is not None:
+            ema.load_state_dict(saved["ema"])
         state = {k: saved[k] for k in state}
     elif ctx.main and log_path.exists():
         log_path.unlink()
@@ -178,6 +202,8 @@ def train(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if ema is not None:
+                ema.update_parameters(model)
             total += loss.item()
             steps += 1
         train_seconds = time.perf_counter() - t0
@@ -187,12 +213,13 @@ def train(
             "train_seconds": train_seconds,
         }
         if epoch % tc.eval_every == 0 or epoch == epochs:
-            metrics = distributed.evaluate(model, ds, "valid", info.max_len, run.eval, ctx)
+            kept = current(model, ema)
+            metrics = distributed.evaluate(kept, ds, "valid", info.max_len, run.eval, ctx)
             record["valid"] = metrics
             if metrics[MONITOR] > state["best"]:
                 state.update(best=metrics[MONITOR], best_epoch=epoch, bad=0)
                 if ctx.main:
-                    save_tensors(out / "model.pt", model.state_dict())
+                    save_tensors(out / "model.pt", kept.state_dict())
             else:
                 state["bad"] += 1
         record["seconds"] = time.perf_counter() - t0
@@ -205,6 +232,7 @@ def train(
                 {
                     "model": model.state_dict(),
                     "optimizer": opt.state_dict() if opt else {},
+                    "ema": ema.state_dict() if ema is not None else {},
                     **state,
                 },
             )

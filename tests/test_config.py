@@ -116,6 +116,7 @@ BAD = {
     "train.teacher_sha256": [("abc", "64 lowercase hex digits"), ("A" * 64, "64 lowercase hex")],
     "train.kd_weight": [("1.5", "must be in [0, 1]"), ("-0.1", "must be in [0, 1]")],
     "train.kd_temperature": [("0", "must be > 0")],
+    "train.ema": [("1", "must be in [0, 1)"), ("-0.5", "must be in [0, 1)")],
     "train.teacher_init": [("maybe", "cannot read 'maybe' as bool")],
     "train.init": [(3, "cannot read 3 as str")],
     "eval.ks": [("5,20", "include 10"), ("0,10", ">= 1"), ("10,2.5", "cannot read '2.5' as int")],

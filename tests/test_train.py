@@ -82,6 +82,24 @@ def test_resume_continues_exactly(small_ds, tmp_path):
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
+def test_weight_average_is_what_is_kept_and_resumes_exactly(small_ds, tmp_path):
+    """train.ema: the average is evaluated and saved (not the live weights), and a resumed run
+    carries it on exactly."""
+    straight = train(run_cfg(epochs=3, ema=0.9), tmp_path / "a", progress=False, ds=small_ds)
+    train(run_cfg(epochs=2, ema=0.9), tmp_path / "b", progress=False, ds=small_ds)
+    resumed = train(run_cfg(epochs=3, ema=0.9), tmp_path / "b", resume=True, progress=False,
+                    ds=small_ds)  # fmt: skip
+    assert resumed["valid"] == pytest.approx(straight["valid"], abs=1e-6)
+    kept = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
+    state = torch.load(tmp_path / "a" / "trainer_state.pt", weights_only=True)
+    assert straight["best_epoch"] == 3  # lr 3e-3 on the synthetic data still improves
+    averaged = {k[len("module.") :]: v for k, v in state["ema"].items() if k.startswith("module.")}
+    assert all(torch.equal(kept[k], averaged[k]) for k in kept)
+    assert not all(torch.equal(kept[k], state["model"][k]) for k in kept)
+    wb = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
+    assert all(torch.allclose(kept[k], wb[k], atol=1e-6) for k in kept)
+
+
 def test_early_stopping_stops(small_ds, tmp_path):
     res = train(run_cfg(epochs=50, patience=1, lr=0.5), tmp_path, progress=False, ds=small_ds)
     assert res["epochs"] < 50
