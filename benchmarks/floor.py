@@ -5,7 +5,8 @@ For an artifact's model.onnx at batch 1 and a full history:
   decoders of quantized constants are gone and fused kernels count once): its node count and
   the bytes of every constant a request reads (a lookup table only its looked-up rows);
 - FLOPs from one profiled run: 2 x output elements x inner size for every matrix product
-  (MatMul, Gemm, MatMulInteger, MatMulNBits, the fused int8 forms), the shapes the profiler saw;
+  (MatMul, Gemm, MatMulInteger, MatMulNBits, the fused int8 forms), and 4 x B x Tq x T x width
+  for a fused MultiHeadAttention (its two products), the shapes the profiler saw;
 - measured reference points: onnxruntime's cost per node (a chain of tiny Adds), the single-core
   peak FLOP/s and the copy bandwidth at the working set (benchmarks.bound), and a TopK of k over
   the catalogue's scores on its own.
@@ -29,6 +30,7 @@ import onnxruntime as ort
 MATMULS = ("MatMul", "FusedMatMul", "MatMulInteger", "MatMulIntegerToFloat",
            "DynamicQuantizeMatMul", "MatMulNBits", "Gemm", "QGemm", "MatMulFpQ4")  # fmt: skip
 LOOKUPS = ("Gather", "GatherBlockQuantized")
+ATTENTION = "MultiHeadAttention"
 
 
 def _options(threads: int = 1) -> ort.SessionOptions:
@@ -129,13 +131,16 @@ def graph_work(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]
     kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     for e in kernels:
         args = e.get("args", {})
-        if args.get("op_name") not in MATMULS:
+        if args.get("op_name") not in (*MATMULS, ATTENTION):
             continue
         ins = [_dims(next(iter(x.values()))) for x in args.get("input_type_shape", [])]
         outs = [_dims(next(iter(x.values()))) for x in args.get("output_type_shape", [])]
         if not ins or not outs:
             continue
-        flops += 2 * int(np.prod(outs[0])) * ins[0][-1]  # output elements x inner size
+        if args["op_name"] == ATTENTION:  # q (B, Tq, W) against k and v (B, T, W)
+            flops += 4 * int(np.prod(ins[0])) * ins[1][1]
+        else:
+            flops += 2 * int(np.prod(outs[0])) * ins[0][-1]  # output elements x inner size
     return {"nodes": len(loaded.graph.node), "kernels_run": len(kernels),
             "bytes_read": int(read), "flops": int(flops)}  # fmt: skip
 

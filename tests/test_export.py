@@ -165,3 +165,33 @@ def test_ae_artifact_matches_pytorch_at_every_length(small_ds, tmp_path):
             _, ref, _ = InferenceGraph(model, 20)(*x)
         (scores,) = sess.run(["top_scores"], feeds(*x))
         assert np.allclose(scores, ref.numpy(), atol=1e-4), length
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg", "fused"),
+    [
+        ("sasrec", {"dim": 16, "layers": 2, "heads": 2}, 2),  # one causal, one last-query node
+        ("lsan", {"dim": 16, "m1": 0, "layers": 2}, 2),  # 2 full-width heads beside the conv
+        ("local", {"dim": 16, "layers": 2}, 0),  # a window onnxruntime cannot express
+    ],
+)
+def test_attention_runs_fused_in_onnx_and_matches_pytorch(name, cfg, fused, small_ds, tmp_path):
+    """Causal and bidirectional attention export as onnxruntime's MultiHeadAttention (no T x T
+    mask left), a local window as the written-out chain; both match PyTorch at every
+    length, left padding and an empty history (a row whose queries are all padding) included."""
+    ck = train_tiny(name, cfg, small_ds, tmp_path / "ck", epochs=1)
+    export(ck, tmp_path / "art", quant="fp32", k=20, ds=small_ds, log=lambda *_: None)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "art" / MODEL)).graph.node]
+    assert ops.count("MultiHeadAttention") == fused
+    assert ("LessOrEqual" in ops) == (fused == 0)  # the T x T mask's test of positions
+    model, _, info = load_model(ck)
+    sess = ort.InferenceSession(str(tmp_path / "art" / MODEL), providers=["CPUExecutionProvider"])
+    for length in (1, 4, info.max_len):
+        x = example_inputs(info, batch=4, length=length, seed=length)
+        x[0][1] = 0  # an empty history
+        with torch.no_grad():
+            _, ref, ref_scores = InferenceGraph(model, 20)(*x)
+        scores, all_scores = sess.run(["top_scores", "scores"], feeds(*x))
+        assert np.isfinite(all_scores).all()
+        assert np.allclose(scores, ref.numpy(), atol=1e-4), length
+        assert np.allclose(all_scores, ref_scores.numpy(), atol=1e-4), length

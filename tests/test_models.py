@@ -27,11 +27,11 @@ def user_kw(model, b=3):
 
 def test_attention_mask_never_empty_and_causal():
     items = torch.tensor([[0, 0, 3, 4]])
-    m = attention_mask(items, "causal")
+    m = attention_mask(items, "causal").additive
     assert m.shape == (1, 1, 4, 4)
     assert torch.all((m == 0).any(-1))  # every row has somewhere to look
     assert m[0, 0, 2, 3] == NEG and m[0, 0, 3, 2] == 0 and m[0, 0, 3, 0] == NEG
-    local = attention_mask(torch.tensor([[1, 2, 3, 4, 5]]), "local", window=1)
+    local = attention_mask(torch.tensor([[1, 2, 3, 4, 5]]), "local", window=1).additive
     assert local[0, 0, 2].tolist() == [NEG, 0, 0, 0, NEG]
     with pytest.raises(ValueError, match="unknown attention mode"):
         attention_mask(items, "sideways")

@@ -41,9 +41,11 @@ from lsan.models.info import DataInfo
 from lsan.models.item_tables import TableConfig, build_item_table, training_scores
 from lsan.models.layers import (
     PAD,
+    AttentionMask,
     CausalDepthwiseConv,
     FeedForward,
     apply_blocks,
+    attend,
     attention_mask,
     init_weights,
     mask_padding,
@@ -99,18 +101,17 @@ class TwinAttention(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(
-        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, return_weights: bool = False,
-        last: bool = False,
+        self, x: torch.Tensor, pos: torch.Tensor, mask: AttentionMask,
+        return_weights: bool = False, last: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """(B, T, D) -> (B, T, D); last = True: the last position only, (B, 1, D)."""
         b, t, d = x.shape
-        q, k, v = self.qkv(x + pos).view(b, t, 3, self.heads, d).permute(2, 0, 3, 1, 4)
-        q = q[:, :, -1:] if last else q  # (B, H, Tq, D); one matmul on the stored weight
-        tq = q.shape[2]
-        weights = torch.softmax(
-            q @ k.transpose(-2, -1) / math.sqrt(d) + mask[..., -tq:, :], dim=-1
-        )  # (B, H, Tq, T)
-        heads = (self.drop(weights) @ v).transpose(1, 2)  # (B, Tq, H, D)
+        # heads are full width: consecutive D-wide slices of each of q, k, v
+        q, k, v = self.qkv(x + pos).split(self.heads * d, dim=-1)
+        q = q[:, -1:] if last else q  # one matmul on the stored weight
+        tq = q.shape[1]
+        y, weights = attend(q, k, v, mask, self.heads, self.drop)
+        heads = y.view(b, tq, self.heads, d)  # (B, Tq, H, D)
         if self.conv is not None:
             conv = self.conv(x[:, -self.conv.kernel :] if last else x)  # (B, T', H, D)
             heads = torch.cat([heads, conv[:, -tq:]], dim=2)  # (B, Tq, 2H, D)
