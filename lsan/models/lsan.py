@@ -47,6 +47,7 @@ from lsan.models.layers import (
     apply_blocks,
     attend,
     attention_mask,
+    gelu,
     init_weights,
     mask_padding,
     next_item_loss,
@@ -86,7 +87,7 @@ class ContextFusion(nn.Module):
         q = self.query(c)  # (B, T, D)
         logits = (base @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])  # (B, T, N)
         e = (torch.softmax(logits, dim=-1).unsqueeze(-1) * base).sum(-2)  # (B, T, D)
-        return e + F.gelu(self.inject(torch.cat([e, c], dim=-1)))
+        return e + gelu(self.inject(torch.cat([e, c], dim=-1)))
 
 
 class TwinAttention(nn.Module):
