@@ -113,3 +113,34 @@ def test_the_floor_counts_what_a_request_reads():
     assert got["overhead_us"] == pytest.approx(10.0)
     assert got["memory_us"] == pytest.approx((1 << 20) / 10e9 * 1e6)
     assert got["floor_ms"] == pytest.approx((10.0 + max(got["memory_us"], 10.0)) / 1000)
+
+
+def test_the_floor_counts_a_fused_attention_as_its_two_products(tmp_path):
+    """MultiHeadAttention (what the export emits) is q k^T and weights v: 4 B Tq T W FLOPs."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def inp(name, shape, kind=TensorProto.FLOAT):
+        return helper.make_tensor_value_info(name, kind, shape)
+
+    weight = numpy_helper.from_array(np.ones((8, 4), np.float32), "w")
+    nodes = [
+        helper.make_node(
+            "MultiHeadAttention", ["q", "kv", "kv"], ["y"], domain="com.microsoft", num_heads=2
+        ),  # fmt: skip
+        helper.make_node("MatMul", ["y", "w"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [inp("q", [1, 3, 8]), inp("kv", [1, 5, 8]), inp("items", [1, 5], 7)],
+        [inp("out", [1, 3, 4])], [weight],
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 9
+    onnx.save(model, tmp_path / "m.onnx")
+    feeds = {"q": np.ones((1, 3, 8), np.float32), "kv": np.ones((1, 5, 8), np.float32),
+             "items": np.ones((1, 5), np.int64)}  # fmt: skip
+    work = floor.graph_work(tmp_path / "m.onnx", feeds)
+    assert work["flops"] == 4 * 3 * 8 * 5 + 2 * 3 * 4 * 8
