@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import json
 import logging
 import statistics
@@ -359,7 +360,7 @@ def answered(content: dict[str, Any], model_s: float) -> Response:
 
 
 def pairs(req: RecommendRequest) -> list[tuple[int, float | None]]:
-    return [(e.item_id, e.timestamp) for e in req.history]
+    return [(e["item_id"], e.get("timestamp")) for e in req.history]
 
 
 def recommend(
@@ -578,11 +579,21 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.artifact = app.state.catalogue = None
 
 
+# FastAPI's native OpenTelemetry (0.16x) asks the global providers on every request, about 10 us
+# of a Beauty /recommend in process; this server exports no traces (older FastAPI has no switch)
+NO_TELEMETRY = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
+
 def create_app(settings: Settings | None = None, artifact: Artifact | None = None) -> FastAPI:
     """A new app (own settings, own metrics registry); the model loads when its lifespan starts
     (or `artifact`, already loaded from settings.artifact, is used)."""
     settings = settings or Settings()  # type: ignore[call-arg]  # artifact comes from LSAN_ARTIFACT
     app = FastAPI(
+        **NO_TELEMETRY,
         title="LSAN on-device recommender (simulated edge device)",
         version="1",
         lifespan=lifespan,

@@ -20,7 +20,7 @@ import numpy as np
 
 from lsan.artifact import NEG, ArtifactError, read
 from lsan.artifact import Artifact as Verified
-from lsan.data.slots import PAD, UNKNOWN, time_slots
+from lsan.data.slots import PAD, time_slots
 
 __all__ = ["Artifact", "ArtifactError", "Result", "load_artifact"]
 
@@ -46,7 +46,8 @@ class Artifact:
         # raw id -> index by binary search: a fraction of a dict's memory on a phone
         self.order = np.argsort(self.catalogue, kind="stable")
         self.sorted_ids = self.catalogue[self.order]
-        self.category = t.item_category
+        self.category = t.item_category.copy()
+        self.category[0] = PAD  # padding positions then look up their own category, PAD
         self.titles = t.item_titles  # title of each item index, None when the dataset has none
         self.popular = t.popular_items.tolist()
         self.popular_raw = t.raw_item_ids[t.popular_items].tolist()  # the cold-start answer
@@ -64,10 +65,8 @@ class Artifact:
         """Raw histories -> model feeds; also the unknown ids and known-item count per user."""
         rows, unknown, known_counts = [], [], []
         for hist in histories:
-            raw = np.fromiter((item for item, _ in hist), dtype=np.int64, count=len(hist))
-            ts = np.fromiter(
-                (-1 if s is None else int(s) for _, s in hist), dtype=np.int64, count=len(hist)
-            )
+            raw = np.array([item for item, _ in hist], dtype=np.int64)
+            ts = np.array([-1 if s is None else int(s) for _, s in hist], dtype=np.int64)
             idx = self.indices(raw)
             known = idx != 0
             unknown.append(raw[~known].tolist())
@@ -89,8 +88,7 @@ class Artifact:
             slots[r, t - n :] = time_slots(ts[len(ts) - n :], self.slot_rule)
             if exclude_seen:
                 exclude[r, : len(ids)] = ids
-        cats = np.where(items == PAD, PAD, self.category[items])
-        slots = np.where(items == PAD, PAD, np.where(slots == 0, UNKNOWN, slots))
+        cats = self.category[items]  # slots: PAD where padded, time_slots never gives 0
         return (
             {"items": items, "cats": cats, "slots": slots, "exclude": exclude},
             unknown,

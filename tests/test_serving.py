@@ -367,6 +367,7 @@ BAD = [
     ("history not a list", "post", "/recommend", {"json": {"history": {"item_id": 2}}}, 422, "history"),
     ("history missing", "post", "/recommend", {"json": {"k": 5}}, 422, "history: Field required"),
     ("unknown field", "post", "/recommend", {"json": {"history": [], "topk": 5}}, 422, "topk"),
+    ("unknown entry field", "post", "/recommend", {"json": {"history": [{"item_id": 2, "when": T0}]}}, 422, "history[0].when"),
     ("body a list", "post", "/recommend", {"json": [OK]}, 422, "body"),
     ("empty body", "post", "/recommend", {}, 422, "body"),
     ("not JSON content type", "post", "/recommend", {"content": b'{"history": []}', "headers": {"content-type": "text/plain"}}, 422, "body"),
