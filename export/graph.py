@@ -31,8 +31,11 @@ class InferenceGraph(nn.Module):
         self.model, self.k = model, k
 
     def forward(self, items, cats, slots, exclude):
-        scores = self.model.score_all(items, cats, slots)  # (B, |V|+1), padding column NEG
-        scores = scores.scatter(1, exclude, NEG)  # PAD entries hit column 0, already NEG
+        scores = self.model.score_all(items, cats, slots)  # (B, |V|+1)
+        # the padding column is masked here, as one more excluded id, not by score_all's copy
+        # of the scores (mask_padding is a no-op under export: two passes over |V| saved)
+        pad = exclude.new_zeros(exclude.shape[0], 1)
+        scores = scores.scatter(1, torch.cat([exclude, pad], 1), NEG)
         top_scores, top_items = torch.topk(scores, self.k, dim=1)
         return top_items, top_scores, scores
 

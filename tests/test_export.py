@@ -196,3 +196,19 @@ def test_attention_runs_fused_in_onnx_and_matches_pytorch(name, cfg, fused, smal
         assert np.isfinite(all_scores).all()
         assert np.allclose(scores, ref.numpy(), atol=1e-4), length
         assert np.allclose(all_scores, ref_scores.numpy(), atol=1e-4), length
+
+
+def test_padding_column_is_masked_without_a_pad_in_exclude(artifacts, checkpoints):
+    """The graph masks item 0 itself (one more excluded id, no copy of the scores): an exclude
+    list without a 0 still never gets item 0 back, and its score is NEG."""
+    for name in ("sasrec", "lsan"):
+        path, _ = artifacts[name]
+        _, _, info = load_model(checkpoints[name])
+        items, cats, slots, _ = example_inputs(info, batch=3, length=6)
+        exclude = items[:, -1:].clone()  # one real item each, no PAD
+        sess = ort.InferenceSession(str(path / MODEL), providers=["CPUExecutionProvider"])
+        top, scores = sess.run(["top_items", "scores"], feeds(items, cats, slots, exclude))
+        assert (scores[:, 0] == NEG).all() and (top != 0).all()
+        assert (scores[np.arange(3), exclude[:, 0].numpy()] == NEG).all()
+        ops = [n.op_type for n in onnx.load(str(path / MODEL)).graph.node]
+        assert ops.count("ScatterElements") == 1
