@@ -69,16 +69,16 @@ def attention_mask(items: torch.Tensor, mode: str = "causal", window: int = 0) -
         allowed = rel.abs() <= max(window, 1)
     else:
         raise ValueError(f"unknown attention mode {mode!r} (known: {', '.join(ATTENTION_MODES)})")
-    key_ok = (items != PAD)[:, None, None, :]  # (B, 1, 1, T)
+    keys = items != PAD  # (B, T)
     eye = (rel == 0)[None, None]  # (1, 1, T, T)
-    ok = (allowed[None, None] & key_ok) | eye  # (B, 1, T, T)
-    return AttentionMask(torch.where(ok, 0.0, NEG).to(torch.float32), items != PAD, mode)
+    ok = (allowed[None, None] & keys[:, None, None, :]) | eye  # (B, 1, T, T)
+    return AttentionMask(torch.where(ok, 0.0, NEG).to(torch.float32), keys, mode)
 
 
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, heads: int,
     drop: nn.Module,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Scaled dot-product attention of q (B, Tq, H*Dh) over k, v (B, T, H*Dh), heads as
     consecutive Dh-wide slices; Tq < T queries the last Tq positions. Returns the output
     (B, Tq, H*Dh) and the weights (B, H, Tq, T).
@@ -88,7 +88,7 @@ def attend(
     the head reshapes and the T x T mask (a dozen nodes built from the ids) leave the graph,
     about 12 us of a 0.12 ms Beauty request. Rows that differ (padding queries, whose outputs
     every model zeroes) see all keys masked there: onnxruntime adds a finite -10000 to masked
-    scores, so they stay finite. The weights are then not computed (zeros stand in).
+    scores, so they stay finite. The weights are then not computed (None).
     """
     b, tq, width = q.shape
     t, dh = k.shape[1], width // heads
@@ -99,7 +99,7 @@ def attend(
             {"num_heads": heads, "unidirectional": causal}, dtype=q.dtype, shape=q.shape,
             version=1,
         )  # fmt: skip
-        return y, q.new_zeros(b, heads, tq, t)
+        return y, None
     qh = q.view(b, tq, heads, dh).transpose(1, 2)  # (B, H, Tq, Dh)
     kh = k.view(b, t, heads, dh).transpose(1, 2)
     vh = v.view(b, t, heads, dh).transpose(1, 2)

@@ -106,7 +106,7 @@ class TwinAttention(nn.Module):
         return_weights: bool = False, last: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """(B, T, D) -> (B, T, D); last = True: the last position only, (B, 1, D)."""
-        b, t, d = x.shape
+        b, _, d = x.shape
         # heads are full width: consecutive D-wide slices of each of q, k, v
         q, k, v = self.qkv(x + pos).split(self.heads * d, dim=-1)
         q = q[:, -1:] if last else q  # one matmul on the stored weight
