@@ -30,8 +30,7 @@ def mask_padding(scores: torch.Tensor) -> torch.Tensor:
     """Scores (B, |V|+1) with the padding column 0 set to NEG: id 0 is never an answer.
 
     Under ONNX export the scores pass unchanged: the exported graph masks column 0 with the
-    excluded items (export/graph.py), where this copy would cost two passes over the catalogue
-    (~0.5 ms of a request at 1M items)."""
+    excluded items (export/graph.py), where this copy would cost two passes over the catalogue."""
     if torch.onnx.is_in_onnx_export():
         return scores
     return torch.cat([torch.full_like(scores[:, :1], NEG), scores[:, 1:]], dim=1)
