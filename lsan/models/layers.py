@@ -135,7 +135,7 @@ class SelfAttention(nn.Module):
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """Exact (erf) GeLU; under ONNX export one onnxruntime `Gelu` node, which onnxruntime fuses
     with the bias Add before it into BiasGelu (the exporter's five-node erf chain is not
-    recognised: 121 -> 74 nodes with the fused attention, ~3 us of a Beauty request)."""
+    recognised: 121 -> 74 nodes with the fused attention; A/B on Beauty 0.0996 -> 0.0975 ms)."""
     if torch.onnx.is_in_onnx_export():
         return torch.onnx.ops.symbolic(
             "com.microsoft::Gelu", (x,), {}, dtype=x.dtype, shape=x.shape, version=1
