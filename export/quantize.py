@@ -5,7 +5,8 @@ dynamic quantization of MatMul/Gemm weights and Gather tables, and of the tied s
 (export/fold.py); activations quantized on the fly with one scale per tensor, so a row's answer
 depends on its batch: the runtime then answers row by row; constants decoded once at load);
 int8-static (QDQ, activations calibrated on validation sequences); int4 (4-bit
-block-quantized weights, export/int4.py); lowbit (a low-bit-trained item table at its own
+block-quantized weights, export/int4.py: item tables read by onnxruntime's 4-bit kernels, the
+encoder's small matrices decoded once at load); lowbit (a low-bit-trained item table at its own
 widths, export/lowbit.py). Tensors the quantizers leave in fp32 are stored as
 uint8 (fp16 for fp16), decoded once when the session loads.
 """
@@ -25,7 +26,7 @@ from lsan.data.prepare import SeqDataset
 from lsan.export import ExportError
 from lsan.export.fold import decode, foldable_decoders, integer_scoring
 from lsan.export.graph import example_inputs
-from lsan.export.lowbit import PackedTable, quantize_lowbit
+from lsan.export.lowbit import ENCODER_DECODED_BELOW, PackedTable, quantize_lowbit
 from lsan.info import DataInfo
 
 FORMATS = ("fp32", "fp16", "int8", "int8-static", "int4")  # what any checkpoint can ship
@@ -129,7 +130,7 @@ def _convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.nda
             from lsan.export.int4 import quantize_int4
         except ImportError as exc:
             raise ExportError(f"int4 is not available here ({exc})") from None
-        quantize_int4(fp32, out)
+        quantize_int4(fp32, out, decode_below=ENCODER_DECODED_BELOW)
     else:
         raise ExportError(f"unknown format {fmt!r} (known: {', '.join(ALL_FORMATS)})")
 
