@@ -54,6 +54,12 @@ from onnx import NodeProto, TensorProto, helper, numpy_helper
 from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 MS = "com.microsoft"
+# What the int4 and lowbit formats pass as `decode_below`: the encoder's weights (every float
+# tensor under this many elements) are decoded at load from one stored 4-bit matrix
+# (`blob_decoders`) rather than read by MatMulNBits, so a request runs fp32 MatMuls on a few KB
+# of cache-resident weights with no per-call activation quantization, and answers as the decoded
+# fp32 graph would; item-sized tables keep the 4-bit kernels.
+ENCODER_DECODED_BELOW = 1 << 16
 OTHER_FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 
 

@@ -20,7 +20,7 @@ to 8 bits at its own scale, then rescales: 1 byte read and held per table value 
 and a row's answer never depends on its batch. The rest of the graph (encoder weights,
 positions) goes through the int4 rewrite (export/int4.py), which leaves the decoder's integer
 tensors alone and stores those small tensors as one 4-bit matrix decoded at load
-(`ENCODER_DECODED_BELOW`).
+(`int4.ENCODER_DECODED_BELOW`).
 """
 
 from __future__ import annotations
@@ -40,11 +40,6 @@ from lsan.export.fold import prune
 from lsan.models import rowquant
 from lsan.models.item_tables import LowBitTable
 
-# The encoder's weights (every float tensor under this many elements) are decoded at load from
-# one stored 4-bit matrix (export/int4.py, blob_decoders) rather than read by MatMulNBits: a
-# request then runs fp32 MatMuls on a few KB of cache-resident weights, no per-call activation
-# quantization, and the answer is the decoded fp32 graph's.
-ENCODER_DECODED_BELOW = 1 << 16
 NEEDS_BITS = "needs a checkpoint trained with a low-bit item table (model.bits > 0)"
 
 
@@ -309,7 +304,7 @@ def quantize_lowbit(fp32: Path, out: Path, t: PackedTable | None) -> None:
     """Write the lowbit format of the fp32 graph `fp32` to `out`."""
     if t is None:
         raise ExportError(f"the lowbit format {NEEDS_BITS}")
-    from lsan.export.int4 import quantize_int4
+    from lsan.export.int4 import ENCODER_DECODED_BELOW, quantize_int4
 
     model = onnx.load(str(fp32))
     table = replace_table(model, t)

@@ -26,7 +26,7 @@ from lsan.data.prepare import SeqDataset
 from lsan.export import ExportError
 from lsan.export.fold import decode, foldable_decoders, integer_scoring
 from lsan.export.graph import example_inputs
-from lsan.export.lowbit import ENCODER_DECODED_BELOW, PackedTable, quantize_lowbit
+from lsan.export.lowbit import PackedTable, quantize_lowbit
 from lsan.info import DataInfo
 
 FORMATS = ("fp32", "fp16", "int8", "int8-static", "int4")  # what any checkpoint can ship
@@ -126,10 +126,8 @@ def _convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.nda
         )  # fmt: skip
         onnx.save(compact_weights(onnx.load(str(out)), "uint8", min_elements=1024), str(out))
     elif fmt == "int4":
-        try:  # written separately; absent in an older checkout
-            from lsan.export.int4 import quantize_int4
-        except ImportError as exc:
-            raise ExportError(f"int4 is not available here ({exc})") from None
+        from lsan.export.int4 import ENCODER_DECODED_BELOW, quantize_int4
+
         quantize_int4(fp32, out, decode_below=ENCODER_DECODED_BELOW)
     else:
         raise ExportError(f"unknown format {fmt!r} (known: {', '.join(ALL_FORMATS)})")

@@ -12,6 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from lsan.artifact import feeds, session
 from lsan.export.graph import example_inputs, export_fp32
 from lsan.export.int4 import (
+    ENCODER_DECODED_BELOW,
+    attr,
     block_axis,
     dequantize_blocks,
     fitted_block,
@@ -20,7 +22,6 @@ from lsan.export.int4 import (
     quantize_int4,
     unpack_nibbles,
 )
-from lsan.export.lowbit import ENCODER_DECODED_BELOW
 from lsan.export.quantize import convert
 from lsan.models import DataInfo, build_model
 
@@ -47,6 +48,18 @@ def exported(tmp_path_factory):
 
 def weight_bytes(path) -> int:
     return sum(len(i.raw_data) for i in onnx.load(str(path)).graph.initializer)
+
+
+def assert_close_to_fp32(fp32, path) -> None:
+    """A 4-bit file's scores within 0.8 std of the fp32 file's, top-10 overlap >= 0.7."""
+    x = feeds(*example_inputs(INFO, batch=8, length=INFO.max_len, seed=1))
+    ref_top, _, ref = session(fp32).run(None, x)
+    top, _, scores = session(path).run(None, x)
+    real = ref > -1e8  # excluded and padding columns hold the same large negative in both
+    assert np.array_equal(scores > -1e8, real)
+    assert np.abs(scores[real] - ref[real]).max() < 0.8 * ref[real].std()
+    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top, ref_top, strict=True)])
+    assert overlap >= 0.7
 
 
 def reference(w: np.ndarray, block: int) -> np.ndarray:
@@ -212,14 +225,7 @@ def test_int4_runs_close_to_fp32_and_is_much_smaller(name, exported, tmp_path):
     ops = {n.op_type for n in onnx.load(str(dst)).graph.node}
     assert {"MatMulNBits", "GatherBlockQuantized"} <= ops
 
-    x = feeds(*example_inputs(INFO, batch=8, length=INFO.max_len, seed=1))
-    ref_top, _, ref = session(exported[name]).run(None, x)
-    top, _, scores = session(dst).run(None, x)
-    real = ref > -1e8  # excluded and padding columns hold the same large negative in both
-    assert np.array_equal(scores > -1e8, real)
-    assert np.abs(scores[real] - ref[real]).max() < 0.8 * ref[real].std()
-    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top, ref_top, strict=True)])
-    assert overlap >= 0.7
+    assert_close_to_fp32(exported[name], dst)
 
 
 @pytest.mark.parametrize("name", ["sasrec", "lsan"])
@@ -230,16 +236,10 @@ def test_the_int4_format_decodes_the_encoder_at_load(name, exported, tmp_path):
     dst = tmp_path / "int4.onnx"
     convert(exported[name], dst, "int4", [])
     nbits = [n for n in onnx.load(str(dst)).graph.node if n.op_type == "MatMulNBits"]
-    sizes = [next(a.i for a in n.attribute if a.name == "N") * next(a.i for a in n.attribute
-             if a.name == "K") for n in nbits]  # fmt: skip
+    sizes = [attr(n, "N", 0) * attr(n, "K", 0) for n in nbits]
     assert all(s >= ENCODER_DECODED_BELOW for s in sizes)  # only item-sized products
     assert sizes or name == "lsan"  # SASRec's tied table (LSAN's balanced ones are small here)
-    x = feeds(*example_inputs(INFO, batch=8, length=INFO.max_len, seed=1))
-    ref_top, _, ref = session(exported[name]).run(None, x)
-    top, _, scores = session(dst).run(None, x)
-    real = ref > -1e8
-    assert np.abs(scores[real] - ref[real]).max() < 0.8 * ref[real].std()
-    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top, ref_top, strict=True)]) >= 0.7
+    assert_close_to_fp32(exported[name], dst)
 
 
 def test_int8_activations_stay_close_per_row_and_match_fp32_compute(exported, tmp_path):
