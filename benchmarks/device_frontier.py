@@ -266,6 +266,16 @@ def latency_table(points: list[dict[str, Any]], reference: str) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def host_line(ref: dict[str, Any], k: int) -> str:
+    """This run's measured reference points: the host's speed while it ran (it drifts by tens
+    of percent between runs on a shared machine, so compare latencies within one run)."""
+    return (
+        f"\nReference points measured in this run (the floor's): {ref['per_node_us']:.2f} us per "
+        f"graph node, {ref['topk_us']:.1f} us for a top-{k} over the catalogue, "
+        f"{ref['peak_gflops_1core']:.0f} GFLOP/s one core.\n"
+    )
+
+
 def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = "") -> None:
     from matplotlib.figure import Figure
 
@@ -384,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         r["context"].setdefault("floor_reference", graph_work["_reference"])
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
     md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
+    md += host_line(graph_work["_reference"], args.k)
     if any(p.get("carried") for p in points):
         md += (
             "\nRows named with a commit in brackets are carried over from that commit's run "

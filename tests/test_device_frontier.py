@@ -87,6 +87,7 @@ def test_every_artifact_has_the_fixed_keys_and_a_floor(frontier):
     assert all(r["item_table"] == "codes 2x16 (popularity) +20 own" for r in codes)
     md = (frontier / "tiny.md").read_text()
     assert "fastest SASRec as accurate" in md and "warm p50 / floor" in md and "peak RSS" in md
+    assert "us per graph node" in md  # the host's speed during this run, beside its latencies
     assert (frontier / "tiny.png").stat().st_size > 10_000
 
 

@@ -198,8 +198,35 @@ def table_sizes(num_ids: int, tables: int, m1: int = 0) -> list[int]:
     return sizes
 
 
+def radix_columns(ids: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """Quotient-remainder codes of ids >= 0, one tensor per table: code_n = (id div
+    prod(sizes[:n])) mod sizes[n]. Integer division (trunc = floor for ids >= 0) and no stack:
+    in ONNX one Mod and one Div per table, not a float floor and a stack-split (9 nodes fewer
+    for N = 2). The last table takes the quotient as it is: in range for every id below
+    prod(sizes), and an id beyond fails the lookup instead of wrapping onto another item."""
+    codes, rest = [], ids
+    for n, m in enumerate(sizes):
+        last = n == len(sizes) - 1
+        codes.append(rest if last else rest % m)
+        if not last:
+            rest = _int_div(rest, m)
+    return codes
+
+
+def _int_div(x: torch.Tensor, m: int) -> torch.Tensor:
+    """x div m for x >= 0; under ONNX export one integer Div (the exporter writes a floor
+    division as Cast, Div, Floor, Cast and a truncating one as seven nodes)."""
+    if torch.onnx.is_in_onnx_export():
+        return torch.onnx.ops.symbolic(
+            "::Div", (x, torch.tensor(m, dtype=x.dtype)), {}, dtype=x.dtype, shape=x.shape,
+            version=14,
+        )  # fmt: skip
+    return torch.div(x, m, rounding_mode="floor")
+
+
 def mixed_radix(ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """Quotient-remainder codes: (..., N) with code_n = (id div prod(sizes[:n])) mod sizes[n]."""
+    """Quotient-remainder codes (..., N), every column modulo its size (ids past prod(sizes)
+    wrap: popularity ranks use that); radix_columns' values for ids in range."""
     codes, rest = [], ids
     for m in sizes:
         codes.append(rest % m)
@@ -250,11 +277,15 @@ class _Composed(nn.Module):
         w, off = self.widths[n], self.offsets[n]
         return h if w == self.dim else h[..., off : off + w]
 
+    def code_columns(self, ids: torch.Tensor) -> list[torch.Tensor]:
+        """The codes of ids, one (...) tensor per table (what a lookup reads)."""
+        return list(self.codes_of(ids).unbind(-1))
+
     def base(self, items: torch.Tensor) -> torch.Tensor:
         """(B, T) ids -> (B, T, N, D) selected codewords; padding rows are zero."""
-        codes = self.codes_of(items)
+        codes = self.code_columns(items)
         vecs = torch.stack(
-            [self.place(F.embedding(codes[..., n], t), n) for n, t in enumerate(self.tables)],
+            [self.place(F.embedding(codes[n], t), n) for n, t in enumerate(self.tables)],
             dim=-2,
         )
         return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
@@ -293,6 +324,9 @@ class QRTable(_Composed):
 
     def codes_of(self, ids: torch.Tensor) -> torch.Tensor:
         return mixed_radix(ids, self.sizes)
+
+    def code_columns(self, ids: torch.Tensor) -> list[torch.Tensor]:
+        return radix_columns(ids, self.sizes)
 
     def grid_scores(self, h: torch.Tensor, mask_beyond: bool = True) -> torch.Tensor:
         """(P, D) -> (P, M) scores over every code tuple (M = prod m_n >= |V|+1).

@@ -73,13 +73,16 @@ class ContextFusion(nn.Module):
         self.inject = nn.Linear(2 * dim, dim)
 
     def context(self, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        c = self.const.expand(*cats.shape, -1)  # (B, T, D)
+        """(B, T, D): the parts switched on, plus the constant (broadcast: one Add in ONNX)."""
+        parts = []
         if self.prev_cat is not None and self.cur_cat is not None:
             prev = F.pad(cats[:, :-1], (1, 0), value=PAD)  # category of item t-1; PAD first
-            c = c + self.prev_cat(prev) + self.cur_cat(cats)
+            parts += [self.prev_cat(prev), self.cur_cat(cats)]
         if self.slot is not None:
-            c = c + self.slot(slots)
-        return c
+            parts.append(self.slot(slots))
+        if not parts:
+            return self.const.expand(*cats.shape, -1)
+        return sum(parts[1:], parts[0]) + self.const
 
     def forward(self, base: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """base (B, T, N, D) -> fused, context-injected item vectors (B, T, D)."""
