@@ -243,6 +243,6 @@ class CausalDepthwiseConv(nn.Module):
         self.conv = nn.Conv1d(dim, dim * heads, kernel, groups=dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
+        b, _, d = x.shape  # T stays symbolic (-1): no size arithmetic in ONNX
         y = self.conv(F.pad(x.transpose(1, 2), (self.kernel - 1, 0)))  # (B, D*H, T)
-        return y.view(b, d, self.heads, t).permute(0, 3, 2, 1)  # (B, T, H, D)
+        return y.view(b, d, self.heads, -1).permute(0, 3, 2, 1)  # (B, T, H, D)
