@@ -130,6 +130,14 @@ def test_lsan_graph_never_holds_a_full_item_matrix(artifacts, checkpoints):
             assert full
 
 
+def test_only_a_compositional_lsan_exports_the_fusion_softmax(artifacts):
+    """Two base vectors are fused by a softmax; one (LSAN_full) needs none (lsan/models/lsan.py).
+    The self-attention runs fused, so any Softmax left is the fusion's."""
+    for name, fused in (("lsan", True), ("lsan_full", False)):
+        ops = [n.op_type for n in onnx.load(str(artifacts[name][0] / MODEL)).graph.node]
+        assert ("Softmax" in ops) == fused, name
+
+
 def test_bad_inputs_are_clear_and_leave_nothing(checkpoints, tmp_path, capsys):
     assert main([str(tmp_path / "nope"), "--out", str(tmp_path / "a")]) == 1
     assert "not a checkpoint" in capsys.readouterr().err

@@ -195,3 +195,25 @@ def test_matrix_training_scores_give_the_factorised_loss():
     assert torch.allclose(a, b, atol=1e-5)
     with pytest.raises(ValueError, match="train_scores"):
         build_model("lsan", model_config("lsan", {"dim": 16, "train_scores": "dense"}), info)
+
+
+def test_one_base_vector_skips_the_fusion_query_with_the_same_numbers():
+    """LSAN_full fuses one base vector: softmax over one logit is exactly 1, so the skipped
+    query changes nothing (test_export checks that it leaves the graph)."""
+    model = lsan(full=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    items, cats, slots = batch()
+    fusion = model.fusion
+    base = model.base(items)
+    c = fusion.context(cats, slots)
+    q = fusion.query(c)
+    logits = (base @ q.unsqueeze(-1)).squeeze(-1) / q.shape[-1] ** 0.5
+    e = (torch.softmax(logits, dim=-1).unsqueeze(-1) * base).sum(-2)
+    written_out = e + torch.nn.functional.gelu(fusion.inject(torch.cat([e, c], dim=-1)))
+    with torch.no_grad():
+        assert torch.equal(fusion(base, cats, slots), written_out)
+    model.train()
+    model.loss(items, cats, slots, torch.roll(items, -1, 1)).backward()
+    assert fusion.query.weight.grad is None  # not in the computation at all

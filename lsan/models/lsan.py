@@ -9,7 +9,8 @@ Design choices (the paper gives the design, no code; where it is silent the choi
   assigned codebooks (popularity, a teacher's k-means).
 - Context of position t = (category of item t-1, category of item t, time slot of t), each an
   embedding, summed into a context vector c (D). c attends over the N selected base vectors
-  (query W_q c, keys the base vectors, softmax over N) to fuse one item vector e; then the context
+  (query W_q c, keys the base vectors, softmax over N; skipped for N = 1, where it is exactly 1)
+  to fuse one item vector e; then the context
   is injected as x = e + GeLU(W [e ; c]) with W: 2D -> D (the paper's MLP([e ; c]); the residual
   keeps the item identity strong at initialisation). use_time / use_category switch the parts
   off for the ablations; with both off the fusion query is a learned constant.
@@ -85,11 +86,18 @@ class ContextFusion(nn.Module):
         return sum(parts[1:], parts[0]) + self.const
 
     def forward(self, base: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """base (B, T, N, D) -> fused, context-injected item vectors (B, T, D)."""
+        """base (B, T, N, D) -> fused, context-injected item vectors (B, T, D).
+
+        With one base vector (a full table: LSAN_full) the softmax over one logit is exactly 1,
+        so the query is skipped: the same numbers without a D x D product per position (the
+        query's weights stay in the checkpoint, untouched by training, and leave the export)."""
         c = self.context(cats, slots)
-        q = self.query(c)  # (B, T, D)
-        logits = (base @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])  # (B, T, N)
-        e = (torch.softmax(logits, dim=-1).unsqueeze(-1) * base).sum(-2)  # (B, T, D)
+        if base.shape[-2] == 1:
+            e = base.squeeze(-2)
+        else:
+            q = self.query(c)  # (B, T, D)
+            logits = (base @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])  # (B, T, N)
+            e = (torch.softmax(logits, dim=-1).unsqueeze(-1) * base).sum(-2)  # (B, T, D)
         return e + gelu(self.inject(torch.cat([e, c], dim=-1)))
 
 
