@@ -57,10 +57,21 @@ def export_row(
     exporter that wrote them, and reusing them measured an old export as the current one."""
     from lsan.export.export import export
 
-    base = work / name
+    base = row_base(work, name)
     export(ckpt, base, quant="auto", formats=tuple(formats), every_format=base, force=True,
            data_dir=data_dir, log=lambda *a: print(f"[{name}]", *a, file=sys.stderr))  # fmt: skip
     return written(base, formats)
+
+
+def row_base(work: Path, name: str) -> Path:
+    """The base folder of row `name`'s artifacts, in a folder of its own, emptied first: the
+    formats are written beside the base as `<base>-<format>`, so in one shared folder a row
+    named `lsan-full` took row `lsan-full-lowbit`'s artifact for its own `lowbit` format."""
+    import shutil
+
+    shutil.rmtree(work / name, ignore_errors=True)
+    (work / name).mkdir(parents=True)
+    return work / name / name
 
 
 def written(base: Path, formats: list[str]) -> dict[str, Path]:

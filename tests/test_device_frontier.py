@@ -24,7 +24,7 @@ def frontier(small_ds, tmp_path_factory):
     def export_row(name, ckpt, formats, work, data_dir):  # the generated data, not a dataset dir
         from lsan.export.export import export
 
-        base = work / name
+        base = device_frontier.row_base(work, name)
         export(ckpt, base, formats=tuple(formats), every_format=base, force=True, k=20,
                ds=small_ds, log=lambda *a: None)  # fmt: skip
         return device_frontier.written(base, formats)
@@ -145,3 +145,18 @@ def test_the_floor_counts_a_fused_attention_as_its_two_products(tmp_path):
              "items": np.ones((1, 5), np.int64)}  # fmt: skip
     work = floor.graph_work(tmp_path / "m.onnx", feeds)
     assert work["flops"] == 4 * 3 * 8 * 5 + 2 * 3 * 4 * 8
+
+
+def test_a_row_never_takes_another_rows_artifact_for_a_format(tmp_path):
+    """Row `a` and row `a-lowbit`: `a`'s lowbit folder would be `a-lowbit`, the other row's."""
+    for name in ("a", "a-lowbit"):
+        base = device_frontier.row_base(tmp_path, name)
+        for folder in (base, base.with_name(f"{base.name}-int8")):
+            folder.mkdir()
+            (folder / "manifest.json").write_text("{}")
+    found = device_frontier.written(device_frontier.row_base(tmp_path, "a"), ["int8"])
+    assert found == {}  # emptied before its export, and nothing of row a-lowbit
+    base = device_frontier.row_base(tmp_path, "a")
+    (base.with_name("a-int8")).mkdir()
+    (base.with_name("a-int8") / "manifest.json").write_text("{}")
+    assert device_frontier.written(base, ["int8"]) == {"int8": base.with_name("a-int8")}
