@@ -101,7 +101,8 @@ def request_flops(model: nn.Module, info: DataInfo, t: int) -> int:
         c = model.cfg
         d, h = c.dim, c.heads
         n = 1 if c.full_table else c.tables
-        fusion = 2 * t * d * d + 4 * t * n * d + 4 * t * d * d  # query, logits + mix, inject
+        # query, logits + mix (none for one base vector: the model skips them), inject
+        fusion = (2 * t * d * d + 4 * t * n * d if n > 1 else 0) + 4 * t * d * d
 
         def layer(tq: int) -> int:  # tq query positions: t, or 1 for the final layer
             flops = 6 * h * t * d * d + 4 * h * tq * t * d + 4 * tq * d * d  # qkv, attention, FFN
