@@ -198,16 +198,16 @@ def table_sizes(num_ids: int, tables: int, m1: int = 0) -> list[int]:
     return sizes
 
 
-def radix_columns(ids: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+def radix_columns(ids: torch.Tensor, sizes: list[int], wrap: bool = False) -> list[torch.Tensor]:
     """Quotient-remainder codes of ids >= 0, one tensor per table: code_n = (id div
     prod(sizes[:n])) mod sizes[n]. Integer division (trunc = floor for ids >= 0) and no stack:
     in ONNX one Mod and one Div per table, not a float floor and a stack-split (9 nodes fewer
-    for N = 2). The last table takes the quotient as it is: in range for every id below
-    prod(sizes), and an id beyond fails the lookup instead of wrapping onto another item."""
+    for N = 2). Without `wrap` the last table takes the quotient as it is: in range for every id
+    below prod(sizes), and an id beyond fails the lookup instead of wrapping onto another item."""
     codes, rest = [], ids
     for n, m in enumerate(sizes):
         last = n == len(sizes) - 1
-        codes.append(rest if last else rest % m)
+        codes.append(rest if last and not wrap else rest % m)
         if not last:
             rest = _int_div(rest, m)
     return codes
@@ -227,11 +227,7 @@ def _int_div(x: torch.Tensor, m: int) -> torch.Tensor:
 def mixed_radix(ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     """Quotient-remainder codes (..., N), every column modulo its size (ids past prod(sizes)
     wrap: popularity ranks use that); radix_columns' values for ids in range."""
-    codes, rest = [], ids
-    for m in sizes:
-        codes.append(rest % m)
-        rest = torch.div(rest, m, rounding_mode="floor")
-    return torch.stack(codes, dim=-1)
+    return torch.stack(radix_columns(ids, sizes, wrap=True), dim=-1)
 
 
 class _Composed(nn.Module):
