@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -67,8 +68,6 @@ def row_base(work: Path, name: str) -> Path:
     """The base folder of row `name`'s artifacts, in a folder of its own, emptied first: the
     formats are written beside the base as `<base>-<format>`, so in one shared folder a row
     named `lsan-full` took row `lsan-full-lowbit`'s artifact for its own `lowbit` format."""
-    import shutil
-
     shutil.rmtree(work / name, ignore_errors=True)
     (work / name).mkdir(parents=True)
     return work / name / name
