@@ -101,14 +101,17 @@ def request_flops(model: nn.Module, info: DataInfo, t: int) -> int:
         c = model.cfg
         d, h = c.dim, c.heads
         n = 1 if c.full_table else c.tables
-        # query, logits + mix (none for one base vector: the model skips them), inject
-        fusion = (2 * t * d * d + 4 * t * n * d if n > 1 else 0) + 4 * t * d * d
+        # query, logits + mix and inject over [e ; c]; one base vector: no query (the model
+        # skips it) and the inject of e alone (the export's inference form projects c's tables)
+        fusion = 2 * t * d * d + 4 * t * n * d + 4 * t * d * d if n > 1 else 2 * t * d * d
 
         def layer(tq: int) -> int:  # tq query positions: t, or 1 for the final layer
             flops = 6 * h * t * d * d + 4 * h * tq * t * d + 4 * tq * d * d  # qkv, attention, FFN
+            if tq == 1:  # the inference form: the conv folded into the output projection,
+                # which reads the attention heads and the last `kernel` inputs
+                return flops + 2 * (h + (c.kernel if c.conv else 0)) * d * d
             flops += 2 * (2 * h if c.conv else h) * tq * d * d  # output projection of the heads
-            conv_positions = t if tq == t else min(t, c.kernel)  # the last kernel positions
-            return flops + (2 * conv_positions * d * h * c.kernel if c.conv else 0)
+            return flops + (2 * t * d * h * c.kernel if c.conv else 0)
 
         if model.items is None:
             scoring = 2 * d * v1

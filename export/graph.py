@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lsan.artifact import INPUTS, NEG, OUTPUTS
@@ -28,14 +29,16 @@ class InferenceGraph(nn.Module):
 
     def __init__(self, model: nn.Module, k: int):
         super().__init__()
-        self.model, self.k = model, k
+        # a model may offer an inference form: a copy with the same numbers in fewer nodes
+        form = getattr(model, "inference_form", None)
+        self.model, self.k = (form() if form is not None else model), k
 
     def forward(self, items, cats, slots, exclude):
         scores = self.model.score_all(items, cats, slots)  # (B, |V|+1)
         # the padding column is masked here, as one more excluded id, not by score_all's copy
-        # of the scores (mask_padding is a no-op under export: two passes over |V| saved)
-        pad = exclude.new_zeros(exclude.shape[0], 1)
-        scores = scores.scatter(1, torch.cat([exclude, pad], 1), NEG)
+        # of the scores (mask_padding is a no-op under export: two passes over |V| saved); one
+        # Pad node appends it (a zeros column built and concatenated took four)
+        scores = scores.scatter(1, F.pad(exclude, (0, 1)), NEG)
         top_scores, top_items = torch.topk(scores, self.k, dim=1)
         return top_items, top_scores, scores
 

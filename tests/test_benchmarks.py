@@ -120,13 +120,15 @@ def test_report_rerenders_from_json(suite, tmp_path):
                                       ("lsan", {"dim": 16, "m1": 0}), ("lsan", {"dim": 16, "m1": 2, "item_weights": True}),
                                       ("lsan_full", {"dim": 16})])  # fmt: skip
 def test_flop_formula_matches_pytorch_counter(name, cfg):
-    """The config formula counts what torch's FlopCounter counts, plus LSAN's element-wise
-    fusion mix and grid scoring (which the counter ignores)."""
+    """The config formula counts what torch's FlopCounter counts in the exported form (LSAN's
+    inference form), plus LSAN's element-wise fusion mix and grid scoring (which the counter
+    ignores)."""
     info = DataInfo(num_items=500, num_categories=6, num_slots=9, max_len=20)
     model = build_model(name, cfg, info).eval()
+    exported = model.inference_form() if name.startswith("lsan") else model
     x = [torch.from_numpy(v) for v in list(request_feeds(info, 1, 20).values())[:3]]
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.score_all(*x)
+        exported.score_all(*x)
     counted = counter.get_total_flops()
     formula = bound.request_flops(model, info, 20)
     extra = 0

@@ -217,3 +217,30 @@ def test_one_base_vector_skips_the_fusion_query_with_the_same_numbers():
     model.train()
     model.loss(items, cats, slots, torch.roll(items, -1, 1)).backward()
     assert fusion.query.weight.grad is None  # not in the computation at all
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{"full": True}, {}, {"full": True, "heads": 1, "kernel": 5}, {"full": True, "conv": False},
+     {"full": True, "use_category": False, "use_time": False}],
+)  # fmt: skip
+@pytest.mark.parametrize("t", [1, 2, 10])
+def test_the_inference_form_scores_like_the_model(variant, t):
+    """Export's copy (convolution folded into the output projection at the last position,
+    context tables projected through the injection for one base vector) gives the model's
+    scores, also for histories shorter than the convolution window, and leaves it untouched."""
+    model = lsan(**variant)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    form = model.inference_form()
+    items, cats, slots = (x[:, -t:] for x in batch())
+    with torch.no_grad():
+        want, got = model.score_all(items, cats, slots), form.score_all(items, cats, slots)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.equal(got.topk(10).indices, want.topk(10).indices)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    twin = form.blocks[-1].twin
+    assert (twin.last_out is None) == (variant.get("conv") is False)
+    assert form.fusion.projected == variant.get("full", False)

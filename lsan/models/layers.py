@@ -26,6 +26,25 @@ NEG = -1e9  # finite "minus infinity" for additive masks
 ATTENTION_MODES = ("causal", "bidirectional", "local")
 
 
+def padding_keep(items: torch.Tensor) -> torch.Tensor:
+    """(B, T, 1) float: 1 at real positions, 0 at padding.
+
+    Ids are >= 0 (validated at every edge), so min(id, 1) is the indicator: one Clip in ONNX,
+    shared with the attention's key mask, where `items != PAD` took Equal and Not."""
+    return items.clamp(max=1).unsqueeze(-1).to(torch.float32)
+
+
+def last_positions(table: nn.Embedding, t: int) -> torch.Tensor:
+    """(T, D): the embeddings of the last T of max_len positions, where a left-padded history of
+    T ids sits (the most recent item always has the last position).
+
+    A slice of the table, broadcast over the batch: in ONNX Shape, Neg and one Slice, where
+    looking up arange(max_len - T, max_len) took seven nodes of index arithmetic. A copy, not
+    a view: a view of a parameter made under no_grad still requires grad without a grad_fn,
+    which module hooks (torch's FLOP counter) refuse; the exporter drops the copy."""
+    return table.weight[-t:].clone()
+
+
 def mask_padding(scores: torch.Tensor) -> torch.Tensor:
     """Scores (B, |V|+1) with the padding column 0 set to NEG: id 0 is never an answer.
 
@@ -41,7 +60,7 @@ class AttentionMask:
     """Where each query may look, in the two forms the two paths of `attend` read."""
 
     additive: torch.Tensor  # (B, 1, T, T): 0 where a query may look, NEG elsewhere
-    keys: torch.Tensor  # (B, T) bool: the positions that are not padding
+    keys: torch.Tensor  # (B, T) int64: 1 at the positions that are not padding, 0 at padding
     mode: str  # one of ATTENTION_MODES
 
     @property
@@ -68,9 +87,9 @@ def attention_mask(items: torch.Tensor, mode: str = "causal", window: int = 0) -
         allowed = rel.abs() <= max(window, 1)
     else:
         raise ValueError(f"unknown attention mode {mode!r} (known: {', '.join(ATTENTION_MODES)})")
-    keys = items != PAD  # (B, T)
+    keys = items.clamp(max=1)  # (B, T): the Clip of padding_keep (one node for both in ONNX)
     eye = (rel == 0)[None, None]  # (1, 1, T, T)
-    ok = (allowed[None, None] & keys[:, None, None, :]) | eye  # (B, 1, T, T)
+    ok = (allowed[None, None] & keys.bool()[:, None, None, :]) | eye  # (B, 1, T, T)
     return AttentionMask(torch.where(ok, 0.0, NEG).to(torch.float32), keys, mode)
 
 

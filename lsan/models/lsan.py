@@ -31,6 +31,7 @@ Design choices (the paper gives the design, no code; where it is silent the choi
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -50,8 +51,10 @@ from lsan.models.layers import (
     attention_mask,
     gelu,
     init_weights,
+    last_positions,
     mask_padding,
     next_item_loss,
+    padding_keep,
 )
 from lsan.models.objectives import inference_inputs, is_autoencoding, mask_token, with_mask_token
 
@@ -72,9 +75,11 @@ class ContextFusion(nn.Module):
         self.const = nn.Parameter(torch.zeros(dim))  # the context when both parts are off
         self.query = nn.Linear(dim, dim)
         self.inject = nn.Linear(2 * dim, dim)
+        self.projected = False  # project_context: the inference form for one base vector
 
     def context(self, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """(B, T, D): the parts switched on, plus the constant (broadcast: one Add in ONNX)."""
+        """(B, T, D): the parts switched on, plus the constant (broadcast: one Add in ONNX; none
+        once `project_context` folded it into the injection's bias)."""
         parts = []
         if self.prev_cat is not None and self.cur_cat is not None:
             prev = F.pad(cats[:, :-1], (1, 0), value=PAD)  # category of item t-1; PAD first
@@ -83,7 +88,33 @@ class ContextFusion(nn.Module):
             parts.append(self.slot(slots))
         if not parts:
             return self.const.expand(*cats.shape, -1)
-        return sum(parts[1:], parts[0]) + self.const
+        total = sum(parts[1:], parts[0])
+        return total if self.projected else total + self.const
+
+    @torch.no_grad()
+    def project_context(self) -> None:
+        """Inference form for one base vector: the context tables pre-multiplied by the
+        injection's context half, the constant folded into its bias.
+
+        W [e ; c] + b = W_e e + W_c c + b, and c is a sum of table rows plus the constant, so
+        the projected rows sum to W_c c: the same numbers without the concatenation, the
+        constant's Add and half the injection's product. The fusion query reads c itself, so
+        this holds only where it is skipped (N = 1)."""
+        d = self.inject.out_features
+        w_e, w_c = self.inject.weight[:, :d], self.inject.weight[:, d:]
+        for table in (self.prev_cat, self.cur_cat, self.slot):
+            if table is not None:
+                table.weight.copy_(table.weight @ w_c.T)
+        inject = nn.Linear(d, d)
+        inject.weight.copy_(w_e)
+        inject.bias.copy_(self.inject.bias + w_c @ self.const)
+        self.inject, self.projected = inject, True
+        self.const.zero_()  # with no part switched on, c is the constant, now in the bias
+
+    def inject_projected(self, e: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor):
+        """The item vectors e (B, T, D) with the context injected, after project_context (the
+        context sum is W_c c already)."""
+        return e + gelu(self.inject(e) + self.context(cats, slots))
 
     def forward(self, base: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """base (B, T, N, D) -> fused, context-injected item vectors (B, T, D).
@@ -91,6 +122,8 @@ class ContextFusion(nn.Module):
         With one base vector (a full table: LSAN_full) the softmax over one logit is exactly 1,
         so the query is skipped: the same numbers without a D x D product per position (the
         query's weights stay in the checkpoint, untouched by training, and leave the export)."""
+        if self.projected:
+            return self.inject_projected(base.squeeze(-2), cats, slots)
         c = self.context(cats, slots)
         if base.shape[-2] == 1:
             e = base.squeeze(-2)
@@ -111,6 +144,28 @@ class TwinAttention(nn.Module):
         self.conv = CausalDepthwiseConv(dim, heads, kernel) if conv else None
         self.out = nn.Linear((2 if conv else 1) * heads * dim, dim)
         self.drop = nn.Dropout(dropout)
+        self.last_out: nn.Linear | None = None  # fold_conv: the inference form of the last query
+
+    @torch.no_grad()
+    def fold_conv(self) -> None:
+        """Inference form of the last position: the convolution branch folded into `out`.
+
+        At one position the H depth-wise heads are a linear map of the last L inputs, and `out`
+        is linear, so out([sa ; conv]) = [W_sa | W_conv C] [sa ; window] + b + W_conv c_b: one
+        product over the attention output and the L-position window, where the convolution took
+        a dozen ONNX nodes (transposes, reshapes, the convolution, a concatenation)."""
+        if self.conv is None:
+            return
+        d = self.out.out_features
+        split = self.heads * d
+        w_conv = self.out.weight[:, split:].view(d, self.heads, d)  # [out, head, channel]
+        kernel = self.conv.conv.weight.view(d, self.heads, self.conv.kernel)  # [chan, head, tap]
+        bias = self.conv.conv.bias.view(d, self.heads)
+        folded = nn.Linear(split + self.conv.kernel * d, d)
+        taps = torch.einsum("ohc,chj->ojc", w_conv, kernel).reshape(d, -1)
+        folded.weight.copy_(torch.cat([self.out.weight[:, :split], taps], dim=1))
+        folded.bias.copy_(self.out.bias + torch.einsum("ohc,ch->o", w_conv, bias))
+        self.last_out = folded
 
     def forward(
         self, x: torch.Tensor, pos: torch.Tensor, mask: AttentionMask,
@@ -123,6 +178,11 @@ class TwinAttention(nn.Module):
         q = q[:, -1:] if last else q  # one matmul on the stored weight
         tq = q.shape[1]
         y, weights = attend(q, k, v, mask, self.heads, self.drop)
+        if last and self.last_out is not None:  # folded: the window of the last L inputs
+            span = self.conv.kernel
+            window = F.pad(x, (0, 0, span - 1, 0))[:, -span:]  # (B, L, D), zeros before t = 0
+            y = self.last_out(torch.cat([y, window.reshape(-1, 1, span * d)], dim=-1))
+            return y, (weights if return_weights else None)
         heads = y.view(b, tq, self.heads, d)  # (B, Tq, H, D)
         if self.conv is not None:
             conv = self.conv(x[:, -self.conv.kernel :] if last else x)  # (B, T', H, D)
@@ -186,6 +246,8 @@ class LSAN(nn.Module):
 
     def embed(self, items: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Context-aware item vectors (B, T, D)."""
+        if self.fusion.projected and self.mask_emb is None:  # the rows themselves, (B, T, D)
+            return self.fusion.inject_projected(self.item_emb(items), cats, slots)
         if self.mask_emb is not None:  # AE: [MASK] replaces every selected base vector
             base = with_mask_token(self.base, items, self.mask_emb, mask_token(self))
         else:
@@ -195,6 +257,18 @@ class LSAN(nn.Module):
     def base(self, items: torch.Tensor) -> torch.Tensor:
         """(B, T) -> (B, T, N, D) selected base vectors (N = 1 for the full table)."""
         return self.item_emb.base(items)
+
+    def inference_form(self) -> LSAN:
+        """A copy for export computing the same scores with fewer ONNX nodes: each twin block's
+        convolution folded into its output projection at the last position, and with one base
+        vector the context tables projected through the injection (ContextFusion)."""
+        model = copy.deepcopy(self).eval()
+        for block in model.blocks:
+            block.twin.fold_conv()
+        one = torch.ones(1, 1, dtype=torch.long, device=self.pos_emb.weight.device)
+        if self.base(one).shape[-2] == 1:
+            model.fusion.project_context()
+        return model
 
     @property
     def items(self) -> nn.Module | None:
@@ -206,10 +280,10 @@ class LSAN(nn.Module):
 
         last_only: the last position alone, (B, 1, D) (inference: see apply_blocks).
         """
-        t = items.shape[1]
-        keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
-        positions = torch.arange(self.info.max_len - t, self.info.max_len, device=items.device)
-        pos = self.pos_emb(positions)[None] * keep  # (B, T, D)
+        keep = padding_keep(items)  # (B, T, 1)
+        # (T, D); padding positions need no zeroing: masked as keys, and their queries'
+        # outputs are zeroed after each block (one Mul less in ONNX)
+        pos = last_positions(self.pos_emb, items.shape[1])
         x = self.drop(self.embed(items, cats, slots)) * keep
         mask = attention_mask(items, self.cfg.attention, self.cfg.window)
         x, weights = apply_blocks(

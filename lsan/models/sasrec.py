@@ -22,11 +22,12 @@ from torch import nn
 from lsan.models.info import DataInfo
 from lsan.models.item_tables import TableConfig, build_item_table
 from lsan.models.layers import (
-    PAD,
     TransformerBlock,
     apply_blocks,
     attention_mask,
     init_weights,
+    last_positions,
+    padding_keep,
 )
 from lsan.models.objectives import is_autoencoding, mask_token, with_mask_token
 from lsan.models.scoring import TiedScores
@@ -76,15 +77,13 @@ class SASRec(TiedScores, nn.Module):
 
         last_only: the last position alone, (B, 1, D) (inference: see apply_blocks).
         """
-        t = items.shape[1]
-        pos = torch.arange(self.info.max_len - t, self.info.max_len, device=items.device)
-        keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
+        keep = padding_keep(items)  # (B, T, 1)
         emb = (
             self.item_emb(items)
             if self.mask_emb is None
             else with_mask_token(self.item_emb, items, self.mask_emb, mask_token(self))
         )
-        x = self.drop(emb + self.pos_emb(pos)[None]) * keep  # (B, T, D)
+        x = self.drop(emb + last_positions(self.pos_emb, items.shape[1])) * keep  # (B, T, D)
         mask = attention_mask(items, self.cfg.attention, self.cfg.window)
         x, weights = apply_blocks(self.blocks, x, keep, mask, return_weights, last_only)
         h = self.ln(x)

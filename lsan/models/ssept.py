@@ -30,8 +30,10 @@ from lsan.models.layers import (
     apply_blocks,
     attention_mask,
     init_weights,
+    last_positions,
     mask_padding,
     next_item_loss,
+    padding_keep,
 )
 from lsan.models.objectives import (
     inference_inputs,
@@ -97,14 +99,13 @@ class SSEPT(nn.Module):
         if self.training:
             items, users = self.shared_embeddings(items, users)
         t = items.shape[1]
-        pos = torch.arange(self.info.max_len - t, self.info.max_len, device=items.device)
-        keep = (items != PAD).unsqueeze(-1).to(torch.float32)  # (B, T, 1)
+        keep = padding_keep(items)  # (B, T, 1)
         u = self.user_emb(users)[:, None].expand(-1, t, -1)  # (B, T, user_dim)
         emb = self.item_emb(items) if self.mask_emb is None else with_mask_token(
             self.item_emb, items, self.mask_emb, mask_token(self)
         )  # fmt: skip
         x = torch.cat([emb, u], dim=-1)  # (B, T, dim + user_dim)
-        x = self.drop(x + self.pos_emb(pos)[None]) * keep
+        x = self.drop(x + last_positions(self.pos_emb, t)) * keep
         mask = attention_mask(items, self.cfg.attention, self.cfg.window)
         x, _ = apply_blocks(self.blocks, x, keep, mask)
         return self.ln(x)
