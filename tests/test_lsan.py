@@ -244,3 +244,4 @@ def test_the_inference_form_scores_like_the_model(variant, t):
     twin = form.blocks[-1].twin
     assert (twin.last_out is None) == (variant.get("conv") is False)
     assert form.fusion.projected == variant.get("full", False)
+    assert (form.fusion.temperature == 1.0) != form.fusion.projected

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lsan.models import rowquant
-from lsan.models.layers import NEG, PAD
+from lsan.models.layers import NEG, PAD, padding_keep
 
 ITEM_TABLES = ("full", "qr", "codes", "pq")
 CODE_SOURCES = ("arithmetic", "popularity", "teacher")
@@ -284,7 +284,7 @@ class _Composed(nn.Module):
             [self.place(F.embedding(codes[n], t), n) for n, t in enumerate(self.tables)],
             dim=-2,
         )
-        return vecs * (items != PAD)[..., None, None].to(vecs.dtype)
+        return vecs * padding_keep(items)[..., None]  # the encoder's own keep mask in ONNX
 
     def forward(self, items: torch.Tensor) -> torch.Tensor:
         return self.base(items).sum(-2)
@@ -417,7 +417,7 @@ class CodeTable(_Composed):
     def base(self, items: torch.Tensor) -> torch.Tensor:
         codes = self.codes_t()[:, items]  # (N, B, T)
         vecs = [self.place(F.embedding(codes[n], t), n) for n, t in enumerate(self.tables)]
-        return torch.stack(vecs, dim=-2) * (items != PAD)[..., None, None].to(vecs[0].dtype)
+        return torch.stack(vecs, dim=-2) * padding_keep(items)[..., None]
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """Per book h . E_n, gathered by the codes laid out (N, |V|+1), summed over the books.

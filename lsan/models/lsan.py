@@ -76,6 +76,7 @@ class ContextFusion(nn.Module):
         self.query = nn.Linear(dim, dim)
         self.inject = nn.Linear(2 * dim, dim)
         self.projected = False  # project_context: the inference form for one base vector
+        self.temperature = math.sqrt(dim)  # of the fusion softmax (scaled dot product)
 
     def context(self, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """(B, T, D): the parts switched on, plus the constant (broadcast: one Add in ONNX; none
@@ -90,6 +91,14 @@ class ContextFusion(nn.Module):
             return self.const.expand(*cats.shape, -1)
         total = sum(parts[1:], parts[0])
         return total if self.projected else total + self.const
+
+    @torch.no_grad()
+    def scale_query(self) -> None:
+        """Inference form for N > 1 base vectors: the query weights divided by the softmax
+        temperature, so the logits need no division (one ONNX node less)."""
+        self.query.weight.div_(self.temperature)
+        self.query.bias.div_(self.temperature)
+        self.temperature = 1.0
 
     @torch.no_grad()
     def project_context(self) -> None:
@@ -129,7 +138,9 @@ class ContextFusion(nn.Module):
             e = base.squeeze(-2)
         else:
             q = self.query(c)  # (B, T, D)
-            logits = (base @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])  # (B, T, N)
+            logits = (base @ q.unsqueeze(-1)).squeeze(-1)  # (B, T, N)
+            if self.temperature != 1.0:  # 1 once the inference form folded it into the query
+                logits = logits / self.temperature
             e = (torch.softmax(logits, dim=-1).unsqueeze(-1) * base).sum(-2)  # (B, T, D)
         return e + gelu(self.inject(torch.cat([e, c], dim=-1)))
 
@@ -260,14 +271,17 @@ class LSAN(nn.Module):
 
     def inference_form(self) -> LSAN:
         """A copy for export computing the same scores with fewer ONNX nodes: each twin block's
-        convolution folded into its output projection at the last position, and with one base
-        vector the context tables projected through the injection (ContextFusion)."""
+        convolution folded into its output projection at the last position; with one base
+        vector the context tables projected through the injection, with more the softmax
+        temperature folded into the fusion query (ContextFusion)."""
         model = copy.deepcopy(self).eval()
         for block in model.blocks:
             block.twin.fold_conv()
         one = torch.ones(1, 1, dtype=torch.long, device=self.pos_emb.weight.device)
         if self.base(one).shape[-2] == 1:
             model.fusion.project_context()
+        else:
+            model.fusion.scale_query()
         return model
 
     @property
