@@ -64,6 +64,13 @@ def test_keep_carries_the_rows_a_run_does_not_measure(frontier):
             assert r["context"]["carried"] == old["commit"] and r["p50_ms"] == old["p50_ms"]
             assert r["context"]["frontier_command"] == old["context"]["frontier_command"]
     assert "carried over" in (frontier.parent / "kept" / "tiny.md").read_text()
+    # speeds are compared only within one interleaved run: measured with measured, carried
+    # with the rows of its own run
+    runs = {f"{r['name']} {r['format']}": r["context"].get("carried") for r in kept}
+    compared = [r for r in kept if r["context"]["fastest_sasrec_as_accurate"]]
+    assert compared and any("carried" not in r["context"] for r in compared)
+    for r in compared:
+        assert runs[r["context"]["fastest_sasrec_as_accurate"]] == r["context"].get("carried")
 
 
 def test_every_artifact_has_the_fixed_keys_and_a_floor(frontier):
