@@ -344,12 +344,15 @@ def rewrite(init: TensorProto, uses: dict, outputs: set[str], block: int, edit: 
 
 def blob_axis(name: str, shape: tuple[int, ...], uses: dict, outputs: set[str], block: int) -> int:
     """The axis to block a decoded-at-load tensor along: the one its first 4-bit kernel would
-    use (a MatMul weight along K, so each dot product meets few scales), else `block_axis`."""
+    use (a MatMul weight along K, so each dot product meets few scales), else the longest axis
+    that splits into whole blocks (a (50, D) position table read by a Slice joins the blob; by
+    its 50 rows it needed its own padded matrix and decoder, +1 KB), else `block_axis`."""
     for node, slot in uses.get(name, []):
         axis = None if slot < 0 else kernel_axis(node, slot, shape, uses, outputs, block)
         if axis is not None:
             return axis
-    return block_axis(shape)
+    whole = [a for a, n in enumerate(shape) if n % block == 0]
+    return max(whole, key=lambda a: (shape[a], a)) if whole else block_axis(shape)
 
 
 def blob_decoders(tensors: dict[str, tuple[np.ndarray, int]], block: int, edit: Edit) -> None:

@@ -175,6 +175,7 @@ def test_decode_below_reads_small_tensors_from_one_blob_exactly(tmp_path):
         "proj": rng.normal(size=(64, 32)).astype(np.float32),  # Gemm B (transB): blocks on K
         "proj_bias": rng.normal(size=64).astype(np.float32),  # under min_elements: float
         "square": rng.normal(size=(32, 32)).astype(np.float32),
+        "positions": rng.normal(size=(50, 32)).astype(np.float32),  # no kernel: whole-block axis
         "odd": rng.normal(size=(40, 33)).astype(np.float32),  # no whole blocks: its own matrix
     }
     src = tiny_model(tmp_path, weights)
@@ -183,7 +184,7 @@ def test_decode_below_reads_small_tensors_from_one_blob_exactly(tmp_path):
     quantize_int4(src, plain, accuracy_level=0)
     assert report["rewritten"] == {
         "Gather->GatherBlockQuantized": 1, "Transpose+MatMul->MatMulNBits": 1,
-        "decoded at load (blob)": 2, "decoded at load": 1,
+        "decoded at load (blob)": 3, "decoded at load": 1,
     }  # fmt: skip
     codes = [i for i in onnx.load(str(blob)).graph.initializer if i.name.endswith(".codes")]
     assert sorted(i.name for i in codes) == [
@@ -205,6 +206,8 @@ def test_decode_below_reads_small_tensors_from_one_blob_exactly(tmp_path):
     np.testing.assert_allclose(out["projected"], h @ proj.T + weights["proj_bias"], atol=1e-5)
     square_k = dequantize_blocks(quantize_blocks(weights["square"], 32))  # Add: last axis
     assert np.array_equal(out["y_square"], square_k)
+    positions = dequantize_blocks(quantize_blocks(weights["positions"], 32))  # rows of D
+    assert np.array_equal(out["y_positions"], positions)
     assert np.array_equal(out["y_odd"], reference(weights["odd"], 32))
     table = dequantize_blocks(quantize_blocks(weights["table"], 32))
     assert np.array_equal(out["rows"], table[idx])
