@@ -8,6 +8,11 @@ uint8. Two rewrites fix that without changing the bytes on disk:
 - `foldable_decoders`: DequantizeLinear(initializer) -> Cast, Sub, Mul of the same initializer.
   Standard ops with constant inputs are folded once when a session loads, so the decoded float
   tensor is built once and the request reads it like an fp32 weight.
+- `small_lookups`: Gather from a small int8 table then DequantizeLinear of the rows (what the
+  quantizer writes for LSAN's category and time-slot tables, 9 x D each on Beauty) -> the table
+  decoded once (folded at load) and a float Gather: one node less per table per request, the
+  same values, the same bytes on disk. Large tables (the item table) keep the gather of int8
+  rows: decoding them at load would hold 4 bytes a value in memory.
 - `integer_scoring`: a MatMul whose weight is such a decoded table, reached through an optional
   Transpose (the tied output layer `h @ E.T`), runs on the int8 table itself: DynamicQuantizeLinear
   of the activations, MatMulInteger against the transposed int8 initializer (the Transpose is
@@ -34,12 +39,17 @@ def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     return {o: n for n in model.graph.node for o in n.output}
 
 
+def _per_tensor_params(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
+    """A DequantizeLinear with one constant scale (and zero point) for the whole tensor."""
+    rest = [x for x in node.input[1:] if x]
+    return node.op_type == "DequantizeLinear" and all(
+        x in inits and int(np.prod(inits[x].dims)) == 1 for x in rest
+    )
+
+
 def _per_tensor(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
     """A DequantizeLinear of an initializer with one scale (and zero point) for the tensor."""
-    if node.op_type != "DequantizeLinear" or node.input[0] not in inits:
-        return False
-    rest = [x for x in node.input[1:] if x]
-    return all(x in inits and int(np.prod(inits[x].dims)) == 1 for x in rest)
+    return bool(node.input) and node.input[0] in inits and _per_tensor_params(node, inits)
 
 
 def integer_scoring(model: onnx.ModelProto) -> int:
@@ -101,6 +111,40 @@ def foldable_decoders(model: onnx.ModelProto) -> int:
         new_nodes += decode(x, scale, out + "_zf" if zero else "", out)
         done += 1
     return _replaced(model, new_nodes, done)
+
+
+def small_lookups(model: onnx.ModelProto, max_elements: int = 4096) -> int:
+    """Gather(int8 table) -> DequantizeLinear, table under `max_elements` -> DequantizeLinear of
+    the table (for `foldable_decoders` to fold) -> Gather of floats; the count."""
+    inits, graph, done = _inits(model), model.graph, 0
+    outputs = {o.name for o in graph.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    moved: dict[str, list[onnx.NodeProto]] = {}  # a Gather's output -> its replacement
+    decoded_tables: set[str] = set()
+    for node in graph.node:
+        if node.op_type != "Gather" or node.input[0] not in inits or node.output[0] in outputs:
+            continue
+        (dq, *others) = readers.get(node.output[0], [None])
+        table = inits[node.input[0]]
+        if others or dq is None or int(np.prod(table.dims)) > max_elements:
+            continue
+        if not (dq.input[0] == node.output[0] and _per_tensor_params(dq, inits)):
+            continue
+        floats = f"{table.name}_f{'_'.join(dq.input[1:])}"  # one decode per table and scale
+        decoded = [] if floats in decoded_tables else [
+            helper.make_node("DequantizeLinear", [table.name, *dq.input[1:]], [floats])
+        ]  # fmt: skip
+        decoded_tables.add(floats)
+        lookup = helper.make_node("Gather", [floats, node.input[1]], list(dq.output),
+                                  axis=next((a.i for a in node.attribute if a.name == "axis"), 0))  # fmt: skip
+        moved[node.output[0]] = [*decoded, lookup]
+        moved[dq.output[0]] = []
+        done += 1
+    nodes = [new for node in graph.node for new in moved.get(node.output[0], [node])]
+    return _replaced(model, nodes, done)
 
 
 def decode(q: str, scale: str, zero: str, out: str) -> list[onnx.NodeProto]:

@@ -162,3 +162,19 @@ def test_code_tables_are_stored_row_by_row_and_sparse(layout):
     (y,) = ort.InferenceSession(m.SerializeToString()).run(None, {})
     assert y.dtype == codes.dtype
     np.testing.assert_array_equal(y, codes)
+
+
+def test_small_lookup_tables_are_decoded_at_load(graphs, tmp_path):
+    """LSAN's context tables (categories, time slots) are gathered as floats decoded once at
+    load, not as int8 rows dequantized on every request; the item table keeps its int8 rows."""
+    root, _ = graphs["lsan"]
+    run = loaded_graph(root / "int8.onnx", tmp_path)
+    size = {i.name: int(np.prod(i.dims)) for i in run.graph.initializer}
+    gathered = {
+        n.output[0]: size.get(n.input[0], 0) for n in run.graph.node if n.op_type == "Gather"
+    }
+    dequantized = [gathered[n.input[0]] for n in run.graph.node
+                   if n.op_type == "DequantizeLinear" and n.input[0] in gathered]  # fmt: skip
+    assert all(s > 4096 for s in dequantized)  # only an item table's rows (none this small here)
+    small = [s for s in gathered.values() if 0 < s <= 4096]
+    assert len(small) >= 2  # the category and time-slot tables, now float lookups
