@@ -28,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from lsan.export.int4 import attr, consumers
+
 FLOAT = onnx.TensorProto.FLOAT
 
 
@@ -117,30 +119,28 @@ def small_lookups(model: onnx.ModelProto, max_elements: int = 4096) -> int:
     """Gather(int8 table) -> DequantizeLinear, table under `max_elements` -> DequantizeLinear of
     the table (for `foldable_decoders` to fold) -> Gather of floats; the count."""
     inits, graph, done = _inits(model), model.graph, 0
-    outputs = {o.name for o in graph.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    outputs, uses = {o.name for o in graph.output}, consumers(graph)
     moved: dict[str, list[onnx.NodeProto]] = {}  # a Gather's output -> its replacement
     decoded_tables: set[str] = set()
     for node in graph.node:
         if node.op_type != "Gather" or node.input[0] not in inits or node.output[0] in outputs:
             continue
-        (dq, *others) = readers.get(node.output[0], [None])
+        readers = uses.get(node.output[0], [])
         table = inits[node.input[0]]
-        if others or dq is None or int(np.prod(table.dims)) > max_elements:
+        if len(readers) != 1 or int(np.prod(table.dims)) > max_elements:
             continue
-        if not (dq.input[0] == node.output[0] and _per_tensor_params(dq, inits)):
+        ((dq, slot),) = readers
+        if slot != 0 or not _per_tensor_params(dq, inits):
             continue
         floats = f"{table.name}_f{'_'.join(dq.input[1:])}"  # one decode per table and scale
-        decoded = [] if floats in decoded_tables else [
-            helper.make_node("DequantizeLinear", [table.name, *dq.input[1:]], [floats])
-        ]  # fmt: skip
-        decoded_tables.add(floats)
-        lookup = helper.make_node("Gather", [floats, node.input[1]], list(dq.output),
-                                  axis=next((a.i for a in node.attribute if a.name == "axis"), 0))  # fmt: skip
-        moved[node.output[0]] = [*decoded, lookup]
+        if floats not in decoded_tables:
+            moved.setdefault(node.output[0], []).append(
+                helper.make_node("DequantizeLinear", [table.name, *dq.input[1:]], [floats])
+            )
+            decoded_tables.add(floats)
+        moved.setdefault(node.output[0], []).append(helper.make_node(
+            "Gather", [floats, node.input[1]], list(dq.output), axis=attr(node, "axis", 0)
+        ))  # fmt: skip
         moved[dq.output[0]] = []
         done += 1
     nodes = [new for node in graph.node for new in moved.get(node.output[0], [node])]
