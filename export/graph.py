@@ -82,7 +82,45 @@ def export_fp32(model: nn.Module, info: DataInfo, path: Path, k: int) -> None:
         node.doc_string = ""
     m.graph.doc_string = m.doc_string = ""
     compact_integers(m)
+    vector_negations(m)
     onnx.save(m, str(path))
+
+
+def _one_element(shape: onnx.NodeProto) -> bool:
+    """A Shape node that returns one dimension (start and end attributes one apart)."""
+    a = {x.name: x.i for x in shape.attribute}
+    return shape.op_type == "Shape" and "start" in a and "end" in a and a["end"] - a["start"] == 1
+
+
+def vector_negations(m: onnx.ModelProto) -> int:
+    """Reshape(Neg(Squeeze(Shape(x)[i:i+1])), [1]) -> Neg(Shape(x)[i:i+1]); the count rewritten.
+
+    The exporter turns the slice start `-T` (the positions of a T-long history, see
+    `layers.last_positions`) into a scalar and back into the 1-element vector Slice reads: two
+    nodes per request that negate nothing the one-element Shape could not negate itself."""
+    from onnx import numpy_helper
+
+    from lsan.export.fold import prune
+
+    made = {o: n for n in m.graph.node for o in n.output}
+    vectors = {i.name for i in m.graph.initializer
+               if list(i.dims) == [1] and abs(int(numpy_helper.to_array(i)[0])) == 1}  # fmt: skip
+    done = 0
+    for node in m.graph.node:
+        neg = made.get(node.input[0]) if node.op_type == "Reshape" else None
+        squeeze = made.get(neg.input[0]) if neg is not None and neg.op_type == "Neg" else None
+        if squeeze is None or squeeze.op_type != "Squeeze" or node.input[1] not in vectors:
+            continue
+        shape = made.get(squeeze.input[0])
+        if shape is None or not _one_element(shape):
+            continue
+        node.op_type = "Neg"
+        node.input[:] = [shape.output[0]]
+        del node.attribute[:]
+        done += 1
+    if done:
+        prune(m)
+    return done
 
 
 SMALL_INTS = (np.uint8, np.int8, np.uint16, np.int16, np.int32)

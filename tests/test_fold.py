@@ -178,3 +178,48 @@ def test_small_lookup_tables_are_decoded_at_load(graphs, tmp_path):
     assert all(s > 4096 for s in dequantized)  # only an item table's rows (none this small here)
     small = [s for s in gathered.values() if 0 < s <= 4096]
     assert len(small) >= 2  # the category and time-slot tables, now float lookups
+
+
+def test_the_positions_start_is_negated_as_a_vector():
+    """Shape -> Squeeze -> Neg -> Reshape([1]) before a Slice becomes Shape -> Neg: the same
+    rows at every history length, two nodes fewer."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from lsan.export.graph import vector_negations
+
+    table = np.arange(50 * 4, dtype=np.float32).reshape(50, 4)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["t"], start=1, end=2),
+        helper.make_node("Squeeze", ["t"], ["ts"]),
+        helper.make_node("Neg", ["ts"], ["nt"]),
+        helper.make_node("Reshape", ["nt", "one"], ["start"]),
+        helper.make_node("Slice", ["table", "start", "big", "zero"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(table, "table"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([2**62], np.int64), "big"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "t"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], inits,
+    )  # fmt: skip
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    before = m.SerializeToString()
+    assert vector_negations(m) == 1
+    assert [n.op_type for n in m.graph.node] == ["Shape", "Neg", "Slice"]
+    onnx.checker.check_model(m, full_check=True)
+    for t in (1, 7, 50):
+        x = np.zeros((2, t), np.int64)
+        (want,) = ort.InferenceSession(before).run(None, {"x": x})
+        (got,) = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})
+        np.testing.assert_array_equal(got, table[-t:])
+        np.testing.assert_array_equal(got, want)
+
+
+def test_exported_graphs_have_no_scalar_detour(graphs):
+    """Every exported graph reads the positions' start from the Shape directly."""
+    for root, _ in graphs.values():
+        m = onnx.load(str(root / "fp32.onnx"))
+        made = {o: n for n in m.graph.node for o in n.output}
+        negs = [n for n in m.graph.node if n.op_type == "Neg"]
+        assert negs and all(made[n.input[0]].op_type == "Shape" for n in negs)
