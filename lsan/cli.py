@@ -143,6 +143,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = build_run(args.dataset, args.model, args.config, args.set,
                     data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
                     teacher=",".join(args.teacher), init=args.init)  # fmt: skip
+    if run.data.dataset.startswith("synthetic") and args.data_dir:
+        # a config without a [data] section trains on the generated data: say so before the
+        # minutes of training, not after, to whoever pointed --data-dir at a real dataset
+        print(f"note: training on the generated '{run.data.dataset}' data; --data-dir is not "
+              "read (name a dataset with --dataset or data.dataset)", file=sys.stderr)  # fmt: skip
     result = train(
         run, args.out, resume=args.resume, progress=not args.quiet, command=args.command_line
     )

@@ -330,3 +330,17 @@ def test_bad_ids_in_data_files_are_one_line(tmp_path, capsys, dataset, files, ba
     assert main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 2
     line = _one_error_line(capsys)
     assert f"{tmp_path / bad_file}" in line and reason in line, line
+
+
+def test_a_config_without_a_dataset_says_it_trains_on_generated_data(tmp_path, capsys):
+    """--data-dir beside a config that names no dataset is the trap of configs/lsan-balanced.toml:
+    the run is told, before it trains, that the generated data is what it trains on."""
+    cfg = tmp_path / "pop.toml"
+    cfg.write_text('model_name = "pop"\n')
+    argv = ["train", "--config", str(cfg), "--out", str(tmp_path / "a"), "--quiet"]
+    assert main([*argv, "--data-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "training on the generated 'synthetic' data; --data-dir is not read" in err
+    argv[4] = str(tmp_path / "b")
+    assert main(argv) == 0
+    assert "generated" not in capsys.readouterr().err
