@@ -228,6 +228,11 @@ def compare(points: list[dict[str, Any]], reference: str) -> None:
             p["speedup_vs_that_sasrec"] = fast["p50_ms"] / p["p50_ms"] if fast else None
 
 
+def row_name(p: dict[str, Any]) -> str:
+    """A row's name as the tables show it: a carried row with the commit of its run."""
+    return p["name"] + (f" ({p['carried'][:7]})" if p.get("carried") else "")
+
+
 def table(points: list[dict[str, Any]], reference: str) -> str:
     head = ("| artifact | model | item table | teacher | format | total bytes | % of "
             f"{reference} fp32 | NDCG@10 | HR@10 | vs {reference} fp32 | paired difference [95% CI]"
@@ -241,9 +246,8 @@ def table(points: list[dict[str, Any]], reference: str) -> str:
         ndcg = "–" if p["test_ndcg10"] is None else f"{p['test_ndcg10']:.4f}"
         hr = "–" if p["test_hr10"] is None else f"{p['test_hr10']:.4f}"
         rel = p.get("ndcg10_vs_reference")
-        name = p["name"] + (f" ({p['carried'][:7]})" if p.get("carried") else "")
         lines.append(
-            f"| {name} | {p['model']} | {p['item_table']} | {'yes' if p['teacher'] else '–'} "
+            f"| {row_name(p)} | {p['model']} | {p['item_table']} | {'yes' if p['teacher'] else '–'} "
             f"| {p['format']} | {p['artifact_bytes']:,} | {pct(p.get('bytes_vs_reference'))} "
             f"| {ndcg} | {hr} | {pct(None if rel is None else rel - 1, True)} "
             f"| {shown(p['paired_vs_reference']) if p.get('paired_vs_reference') else '–'} "
@@ -255,7 +259,8 @@ def table(points: list[dict[str, Any]], reference: str) -> str:
 
 def latency_table(points: list[dict[str, Any]], reference: str) -> str:
     """Cold and warm percentiles, the floor from the graph, and speed against the fastest SASRec
-    artifact that is at least as accurate (and against the reference's fp32 file)."""
+    artifact that is at least as accurate (and against the reference's fp32 file), each
+    compared only with rows timed in the same run."""
     ref = next((p for p in points if p["name"] == reference and p["format"] == "fp32"), None)
     head = ("| artifact | format | cold p50 / p95 / p99 ms | warm p50 / p95 / p99 ms | nodes "
             "| MFLOP | KB read | floor ms | warm p50 / floor | vs " + reference + " fp32 "
@@ -264,12 +269,14 @@ def latency_table(points: list[dict[str, Any]], reference: str) -> str:
     lines = []
     for p in sorted(points, key=lambda p: p["p50_ms"]):
         c, w = p["cold"], p["warm"]
-        vs_ref = f"{ref['p50_ms'] / p['p50_ms']:.2f}x" if ref else "–"
+        # the reference's latency is of one run too: no ratio across two host states
+        same_run = ref is not None and ref.get("carried") == p.get("carried")
+        vs_ref = f"{ref['p50_ms'] / p['p50_ms']:.2f}x" if same_run else "–"
         speed = p.get("speedup_vs_that_sasrec")
         rss = p.get("peak_rss_mib")  # rows carried from runs before it was measured have none
         mem = "–" if rss is None else f"{rss:.1f} ({p['rss_over_import_mib']:.1f})"
         lines.append(
-            f"| {p['name']} | {p['format']} | {c['p50']:.3f} / {c['p95']:.3f} / {c['p99']:.3f} "
+            f"| {row_name(p)} | {p['format']} | {c['p50']:.3f} / {c['p95']:.3f} / {c['p99']:.3f} "
             f"| {w['p50']:.3f} / {w['p95']:.3f} / {w['p99']:.3f} | {p['nodes']} "
             f"| {p['flops'] / 1e6:.1f} | {p['bytes_read'] / 1e3:,.0f} | {p['floor_ms']:.3f} "
             f"| {p['p50_ms'] / p['floor_ms']:.1f}x | {vs_ref} "

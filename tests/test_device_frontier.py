@@ -71,6 +71,17 @@ def test_keep_carries_the_rows_a_run_does_not_measure(frontier):
     assert compared and any("carried" not in r["context"] for r in compared)
     for r in compared:
         assert runs[r["context"]["fastest_sasrec_as_accurate"]] == r["context"].get("carried")
+    # the latency table names a carried row with its run's commit and sets no speed ratio
+    # against a reference timed in another run
+    md = (frontier.parent / "kept" / "tiny.md").read_text()
+    lat = md[md.index("| artifact | format | cold") :].splitlines()[2:]
+    lat = [line.split(" | ") for line in lat if line.startswith("| ")]
+    commit = next(r["context"]["carried"] for r in kept if r["name"] == "big")[:7]
+    assert {c[0] for c in lat} == {"| small"} | {
+        f"| {n} ({commit})" for n in ("big", "codes", "lowbit")
+    }
+    assert all(c[9] == "–" for c in lat if c[0] == "| small")  # big (the reference) was carried
+    assert any(c[9] != "–" for c in lat if c[0] != "| small")
 
 
 def test_every_artifact_has_the_fixed_keys_and_a_floor(frontier):
