@@ -37,7 +37,8 @@ def _inits(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
     return {i.name: i for i in model.graph.initializer}
 
 
-def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    """Value name -> the node that writes it."""
     return {o: n for n in model.graph.node for o in n.output}
 
 
@@ -56,7 +57,7 @@ def _per_tensor(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> boo
 
 def integer_scoring(model: onnx.ModelProto) -> int:
     """Rewrite float MatMuls against a decoded int8 table to MatMulInteger; the count rewritten."""
-    inits, made = _inits(model), _producers(model)
+    inits, made = _inits(model), producers(model)
     graph, done = model.graph, 0
     new_nodes: list[onnx.NodeProto] = []
     for node in list(graph.node):
@@ -133,14 +134,13 @@ def small_lookups(model: onnx.ModelProto, max_elements: int = 4096) -> int:
         if slot != 0 or not _per_tensor_params(dq, inits):
             continue
         floats = f"{table.name}_f{'_'.join(dq.input[1:])}"  # one decode per table and scale
-        if floats not in decoded_tables:
-            moved.setdefault(node.output[0], []).append(
-                helper.make_node("DequantizeLinear", [table.name, *dq.input[1:]], [floats])
-            )
-            decoded_tables.add(floats)
-        moved.setdefault(node.output[0], []).append(helper.make_node(
-            "Gather", [floats, node.input[1]], list(dq.output), axis=attr(node, "axis", 0)
-        ))  # fmt: skip
+        new = [] if floats in decoded_tables else [
+            helper.make_node("DequantizeLinear", [table.name, *dq.input[1:]], [floats])
+        ]  # fmt: skip
+        decoded_tables.add(floats)
+        new.append(helper.make_node("Gather", [floats, node.input[1]], list(dq.output),
+                                    axis=attr(node, "axis", 0)))  # fmt: skip
+        moved[node.output[0]] = new
         moved[dq.output[0]] = []
         done += 1
     nodes = [new for node in graph.node for new in moved.get(node.output[0], [node])]

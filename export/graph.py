@@ -88,8 +88,10 @@ def export_fp32(model: nn.Module, info: DataInfo, path: Path, k: int) -> None:
 
 def _one_element(shape: onnx.NodeProto) -> bool:
     """A Shape node that returns one dimension (start and end attributes one apart)."""
-    a = {x.name: x.i for x in shape.attribute}
-    return shape.op_type == "Shape" and "start" in a and "end" in a and a["end"] - a["start"] == 1
+    from lsan.export.int4 import attr
+
+    start, end = attr(shape, "start", None), attr(shape, "end", None)
+    return shape.op_type == "Shape" and None not in (start, end) and end - start == 1
 
 
 def vector_negations(m: onnx.ModelProto) -> int:
@@ -100,9 +102,9 @@ def vector_negations(m: onnx.ModelProto) -> int:
     nodes per request that negate nothing the one-element Shape could not negate itself."""
     from onnx import numpy_helper
 
-    from lsan.export.fold import prune
+    from lsan.export.fold import producers, prune
 
-    made = {o: n for n in m.graph.node for o in n.output}
+    made = producers(m)
     vectors = {i.name for i in m.graph.initializer
                if list(i.dims) == [1] and abs(int(numpy_helper.to_array(i)[0])) == 1}  # fmt: skip
     done = 0
