@@ -36,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from lsan.export import ExportError
-from lsan.export.fold import prune
+from lsan.export.fold import producers, prune
 from lsan.models import rowquant
 from lsan.models.item_tables import LowBitTable
 
@@ -234,7 +234,7 @@ def integer_scores(model: onnx.ModelProto, table: str) -> int:
     batch), MatMulInteger against the grid (Transpose folded at load), then h's scale and each
     item's half step. Reads 1 byte per table value instead of 4; the count rewritten (0 for a
     table without a grid, one with 8-bit rows)."""
-    made = {o: node for node in model.graph.node for o in node.output}
+    made = producers(model)
     grid = table + GRID in made
 
     def matches(node) -> bool:
@@ -268,7 +268,7 @@ def integer_lookups(model: onnx.ModelProto, table: str) -> int:
     uint8 rows, minus GRID_ZERO, times their half steps (the float table's values bit for bit).
     With the scores on the grid too, no float copy of the table is held: 1 byte a value in
     memory instead of 5. The count rewritten (0 for a table without a grid)."""
-    grid = table + GRID in {o for node in model.graph.node for o in node.output}
+    grid = table + GRID in producers(model)
 
     def matches(node) -> bool:
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
