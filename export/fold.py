@@ -20,6 +20,8 @@ uint8. Two rewrites fix that without changing the bytes on disk:
   onnxruntime fuses into DynamicQuantizeMatMul), the same recipe quantize_dynamic applies to
   every other constant MatMul. Like those, the activation scale is per tensor, so the answer of
   a row depends on its batch (the artifact records that and the server answers row by row).
+- `rescaled_products`: MatMulInteger on rows gathered from an int8 table, then Cast, scale and
+  bias (LSAN's context fusion) -> one MatMulIntegerToFloat, bit for bit the same.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from lsan.export.int4 import attr, consumers
+from lsan.export.int4 import MS, attr, consumers
 
 FLOAT = onnx.TensorProto.FLOAT
 
@@ -145,6 +147,69 @@ def small_lookups(model: onnx.ModelProto, max_elements: int = 4096) -> int:
         done += 1
     nodes = [new for node in graph.node for new in moved.get(node.output[0], [node])]
     return _replaced(model, nodes, done)
+
+
+def _scalar(name: str, inits: dict[str, onnx.TensorProto], made: dict[str, onnx.NodeProto]) -> bool:
+    """A one-element constant, stored or the Mul of two stored ones (folded at load)."""
+    if name in inits:
+        return int(np.prod(inits[name].dims)) == 1
+    node = made.get(name)
+    return (
+        node is not None
+        and node.op_type == "Mul"
+        and all(_scalar(i, inits, {}) for i in node.input)
+    )
+
+
+def rescaled_products(model: onnx.ModelProto) -> int:
+    """MatMulInteger -> Cast -> Mul(scalar scale) [-> Add(bias)] on an input that is not quantized
+    per request -> one MatMulIntegerToFloat (com.microsoft); the count rewritten.
+
+    quantize_dynamic writes this chain where a MatMul reads rows gathered from an int8 table
+    (LSAN's context fusion multiplies the history's item rows by a matrix): onnxruntime fuses the
+    chain only behind a DynamicQuantizeLinear, so it ran as three or four nodes per request. The
+    fused kernel multiplies the same int32 products by the same float scale and adds the same
+    bias: the outputs are bit for bit those of the chain."""
+    inits, made, graph = _inits(model), producers(model), model.graph
+    outputs, uses = {o.name for o in graph.output}, consumers(graph)
+
+    def only_reader(name: str, op: str) -> onnx.NodeProto | None:
+        readers = uses.get(name, [])
+        if name in outputs or len(readers) != 1 or readers[0][0].op_type != op:
+            return None
+        return readers[0][0]
+
+    moved: dict[str, list[onnx.NodeProto]] = {}  # first output of a replaced node -> its nodes
+    for node in graph.node:
+        a = made.get(node.input[0]) if node.op_type == "MatMulInteger" else None
+        if a is None or a.op_type == "DynamicQuantizeLinear" or node.input[1] not in inits:
+            continue
+        cast = only_reader(node.output[0], "Cast")
+        mul = only_reader(cast.output[0], "Mul") if cast is not None else None
+        if cast is None or attr(cast, "to", 0) != FLOAT or mul is None:
+            continue
+        scale = next(i for i in mul.input if i != cast.output[0])
+        if list(mul.input).count(cast.output[0]) != 1 or not _scalar(scale, inits, made):
+            continue
+        add = only_reader(mul.output[0], "Add")
+        cols = list(inits[node.input[1]].dims)[-1:]
+        bias = next((i for i in add.input if i != mul.output[0]), "") if add is not None else ""
+        if not (bias in inits and list(inits[bias].dims) == cols):
+            add, bias = None, ""
+        one = node.output[0] + "_one"
+        graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), one))
+        zeros = [node.input[i] if len(node.input) > i else "" for i in (2, 3)]
+        fused = helper.make_node(
+            "MatMulIntegerToFloat", [*node.input[:2], scale, one, *zeros, *([bias] if bias else [])],
+            list((add or mul).output), domain=MS,
+        )  # fmt: skip
+        chain = [n for n in (node, cast, mul, add) if n is not None]
+        for gone in chain:  # the fused node where the chain ends: every input exists by then
+            moved[gone.output[0]] = [fused] if gone is chain[-1] else []
+    if moved and not any(o.domain == MS for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS, 1))
+    nodes = [new for node in graph.node for new in moved.get(node.output[0], [node])]
+    return _replaced(model, nodes, len([v for v in moved.values() if v]))
 
 
 def decode(q: str, scale: str, zero: str, out: str) -> list[onnx.NodeProto]:

@@ -24,7 +24,13 @@ from lsan.artifact import feeds
 from lsan.data.batching import eval_tensors
 from lsan.data.prepare import SeqDataset
 from lsan.export import ExportError
-from lsan.export.fold import decode, foldable_decoders, integer_scoring, small_lookups
+from lsan.export.fold import (
+    decode,
+    foldable_decoders,
+    integer_scoring,
+    rescaled_products,
+    small_lookups,
+)
 from lsan.export.graph import example_inputs
 from lsan.export.lowbit import PackedTable, quantize_lowbit
 from lsan.info import DataInfo
@@ -104,6 +110,7 @@ def _convert(fp32: Path, out: Path, fmt: str, calibration: list[dict[str, np.nda
         integer_scoring(m)  # the tied table scores in int8 too
         small_lookups(m)  # small tables (LSAN's context) decoded whole, at load
         foldable_decoders(m)  # and every other constant is decoded once, at load
+        rescaled_products(m)  # products of gathered int8 rows: one fused kernel, not four nodes
         onnx.save(m, str(out))
     elif fmt == "int8-static":
         from onnxruntime.quantization import (

@@ -9,13 +9,14 @@ from conftest import train_tiny
 
 from lsan.artifact import feeds
 from lsan.checkpoint import load_model
-from lsan.export.fold import foldable_decoders, integer_scoring
+from lsan.export.fold import foldable_decoders, integer_scoring, rescaled_products
 from lsan.export.graph import example_inputs, export_fp32
 from lsan.export.quantize import convert
 
 KINDS = {
     "sasrec": ("sasrec", {"dim": 16, "layers": 1}),
     "lsan": ("lsan", {"dim": 16, "m1": 0}),
+    "lsan_full": ("lsan_full", {"dim": 16, "heads": 1}),
     "sasrec-pq": (
         "sasrec",
         {"dim": 16, "layers": 1, "item_table": "pq", "tables": 4, "code_size": 16},
@@ -223,3 +224,73 @@ def test_exported_graphs_have_no_scalar_detour(graphs):
         made = {o: n for n in m.graph.node for o in n.output}
         negs = [n for n in m.graph.node if n.op_type == "Neg"]
         assert negs and all(made[n.input[0]].op_type == "Shape" for n in negs)
+
+
+def _rescaled_chain(p: str, a: str, bias: bool) -> list[onnx.NodeProto]:
+    """MatMulInteger(a, wq) -> Cast -> Mul(sa * sw) [-> Add(b)] as quantize_dynamic writes it."""
+    from onnx import helper
+
+    out = p + "y" if bias else p + "out"
+    nodes = [helper.make_node("MatMulInteger", [a, "wq", p + "az", "wz"], [p + "i"]),
+             helper.make_node("Cast", [p + "i"], [p + "f"], to=onnx.TensorProto.FLOAT),
+             helper.make_node("Mul", [p + "as", "ws"], [p + "s"]),
+             helper.make_node("Mul", [p + "f", p + "s"], [out])]  # fmt: skip
+    if bias:
+        nodes.append(helper.make_node("Add", [out, "b"], [p + "out"]))
+    return nodes
+
+
+def test_rescaled_products_are_bit_exact_on_a_hand_built_graph():
+    """Gathered int8 rows times an int8 matrix, with and without a bias, fuse into one kernel
+    each with the same bits; a product behind DynamicQuantizeLinear is left to onnxruntime."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    f, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    consts = {"tq": rng.integers(-127, 128, (20, 8)).astype(np.int8),
+              "wq": rng.integers(-127, 128, (8, 6)).astype(np.int8),
+              "gaz": np.array(3, np.int8), "hgaz": np.array(3, np.int8), "wz": np.array(0, np.int8),
+              "gas": np.array(0.013, np.float32), "hgas": np.array(0.017, np.float32),
+              "ws": np.array(0.021, np.float32), "b": rng.normal(size=6).astype(np.float32)}  # fmt: skip
+    nodes = [helper.make_node("Gather", ["tq", "ids"], ["rows"], axis=0),
+             *_rescaled_chain("g", "rows", bias=True), *_rescaled_chain("hg", "rows", bias=False),
+             helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "dqs", "dqz"]),
+             helper.make_node("MatMulInteger", ["xq", "wq", "dqz", "wz"], ["di"]),
+             helper.make_node("Cast", ["di"], ["df"], to=f),
+             helper.make_node("Mul", ["dqs", "ws"], ["ds"]),
+             helper.make_node("Mul", ["df", "ds"], ["dout"])]  # fmt: skip
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("ids", i64, [None, 5]),
+         helper.make_tensor_value_info("x", f, [None, 8])],
+        [helper.make_tensor_value_info("gout", f, [None, 5, 6]),
+         helper.make_tensor_value_info("hgout", f, [None, 5, 6]),
+         helper.make_tensor_value_info("dout", f, [None, 6])],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 9
+    feeds_ = {"ids": rng.integers(0, 20, (3, 5)), "x": rng.normal(size=(3, 8)).astype(np.float32)}
+    before = ort.InferenceSession(m.SerializeToString()).run(None, feeds_)
+    assert rescaled_products(m) == 2
+    ops = [n.op_type for n in m.graph.node]
+    assert ops.count("MatMulIntegerToFloat") == 2 and ops.count("MatMulInteger") == 1
+    assert "Add" not in ops  # the bias went into the fused kernel
+    onnx.checker.check_model(m, full_check=True)
+    after = ort.InferenceSession(m.SerializeToString()).run(None, feeds_)
+    for want, got in zip(before, after, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_lsan_int8_context_product_is_one_kernel(graphs, tmp_path):
+    """LSAN_full's context fusion multiplies gathered int8 item rows (LSAN as published
+    combines float rows first): that product runs as MatMulIntegerToFloat, and no MatMulInteger
+    -> Cast chain is left outside a dynamic quantization (int8 file and the graph onnxruntime
+    runs)."""
+    root, _ = graphs["lsan_full"]
+    for m in (onnx.load(str(root / "int8.onnx")), loaded_graph(root / "int8.onnx", tmp_path)):
+        made = {o: n for n in m.graph.node for o in n.output}
+        ops = [n.op_type for n in m.graph.node]
+        left = [n for n in m.graph.node if n.op_type == "MatMulInteger"
+                and made[n.input[0]].op_type != "DynamicQuantizeLinear"]  # fmt: skip
+        assert "MatMulIntegerToFloat" in ops and left == []
