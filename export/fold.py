@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from lsan.export.int4 import MS, attr, consumers
+from lsan.export.int4 import MS, attr, consumers, declare_contrib
 
 FLOAT = onnx.TensorProto.FLOAT
 
@@ -180,6 +180,7 @@ def rescaled_products(model: onnx.ModelProto) -> int:
         return readers[0][0]
 
     moved: dict[str, list[onnx.NodeProto]] = {}  # first output of a replaced node -> its nodes
+    done = 0
     for node in graph.node:
         a = made.get(node.input[0]) if node.op_type == "MatMulInteger" else None
         if a is None or a.op_type == "DynamicQuantizeLinear" or node.input[1] not in inits:
@@ -206,10 +207,11 @@ def rescaled_products(model: onnx.ModelProto) -> int:
         chain = [n for n in (node, cast, mul, add) if n is not None]
         for gone in chain:  # the fused node where the chain ends: every input exists by then
             moved[gone.output[0]] = [fused] if gone is chain[-1] else []
-    if moved and not any(o.domain == MS for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(MS, 1))
+        done += 1
     nodes = [new for node in graph.node for new in moved.get(node.output[0], [node])]
-    return _replaced(model, nodes, len([v for v in moved.values() if v]))
+    done = _replaced(model, nodes, done)
+    declare_contrib(model)
+    return done
 
 
 def decode(q: str, scale: str, zero: str, out: str) -> list[onnx.NodeProto]:

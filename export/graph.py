@@ -19,6 +19,8 @@ from torch import nn
 
 from lsan.artifact import INPUTS, NEG, OUTPUTS
 from lsan.export import ExportError
+from lsan.export.fold import producers, prune
+from lsan.export.int4 import attr
 from lsan.info import DataInfo
 
 OPSET = 18
@@ -88,8 +90,6 @@ def export_fp32(model: nn.Module, info: DataInfo, path: Path, k: int) -> None:
 
 def _one_element(shape: onnx.NodeProto) -> bool:
     """A Shape node that returns one dimension (start and end attributes one apart)."""
-    from lsan.export.int4 import attr
-
     start, end = attr(shape, "start", None), attr(shape, "end", None)
     return shape.op_type == "Shape" and None not in (start, end) and end - start == 1
 
@@ -101,8 +101,6 @@ def vector_negations(m: onnx.ModelProto) -> int:
     `layers.last_positions`) into a scalar and back into the 1-element vector Slice reads: two
     nodes per request that negate nothing the one-element Shape could not negate itself."""
     from onnx import numpy_helper
-
-    from lsan.export.fold import producers, prune
 
     made = producers(m)
     vectors = {i.name for i in m.graph.initializer

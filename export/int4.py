@@ -140,6 +140,13 @@ def attr(node: NodeProto, name: str, default: Any) -> Any:
     return helper.get_attribute_value(found[0]) if found else default
 
 
+def declare_contrib(model: onnx.ModelProto) -> None:
+    """Import onnxruntime's com.microsoft domain if a node uses it and the model does not yet."""
+    used = any(n.domain == MS for n in model.graph.node)
+    if used and not any(o.domain == MS for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS, 1))
+
+
 def consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[NodeProto, int]]]:
     """Value name -> (node, input slot) reading it. A use inside a subgraph counts as slot -1."""
     uses: dict[str, list[tuple[NodeProto, int]]] = {}
@@ -493,6 +500,4 @@ def apply(model: onnx.ModelProto, edit: Edit, dropped: set[str]) -> None:
     graph.node.extend(edit.decoders + nodes)
     del graph.initializer[:]
     graph.initializer.extend(kept + edit.initializers)
-    contrib = any(n.domain == MS for n in graph.node)
-    if contrib and not any(o.domain == MS for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(MS, 1))
+    declare_contrib(model)

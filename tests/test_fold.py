@@ -9,7 +9,7 @@ from conftest import train_tiny
 
 from lsan.artifact import feeds
 from lsan.checkpoint import load_model
-from lsan.export.fold import foldable_decoders, integer_scoring, rescaled_products
+from lsan.export.fold import foldable_decoders, integer_scoring, producers, rescaled_products
 from lsan.export.graph import example_inputs, export_fp32
 from lsan.export.quantize import convert
 
@@ -221,7 +221,7 @@ def test_exported_graphs_have_no_scalar_detour(graphs):
     """Every exported graph reads the positions' start from the Shape directly."""
     for root, _ in graphs.values():
         m = onnx.load(str(root / "fp32.onnx"))
-        made = {o: n for n in m.graph.node for o in n.output}
+        made = producers(m)
         negs = [n for n in m.graph.node if n.op_type == "Neg"]
         assert negs and all(made[n.input[0]].op_type == "Shape" for n in negs)
 
@@ -289,7 +289,7 @@ def test_lsan_int8_context_product_is_one_kernel(graphs, tmp_path):
     runs)."""
     root, _ = graphs["lsan_full"]
     for m in (onnx.load(str(root / "int8.onnx")), loaded_graph(root / "int8.onnx", tmp_path)):
-        made = {o: n for n in m.graph.node for o in n.output}
+        made = producers(m)
         ops = [n.op_type for n in m.graph.node]
         left = [n for n in m.graph.node if n.op_type == "MatMulInteger"
                 and made[n.input[0]].op_type != "DynamicQuantizeLinear"]  # fmt: skip
