@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
+from onnx import helper, numpy_helper
 from torch import nn
 
 from lsan.artifact import INPUTS, NEG, OUTPUTS
@@ -100,8 +101,6 @@ def vector_negations(m: onnx.ModelProto) -> int:
     The exporter turns the slice start `-T` (the positions of a T-long history, see
     `layers.last_positions`) into a scalar and back into the 1-element vector Slice reads: two
     nodes per request that negate nothing the one-element Shape could not negate itself."""
-    from onnx import numpy_helper
-
     made = producers(m)
     vectors = {i.name for i in m.graph.initializer
                if list(i.dims) == [1] and abs(int(numpy_helper.to_array(i)[0])) == 1}  # fmt: skip
@@ -144,8 +143,6 @@ def compact_integers(m: onnx.ModelProto, min_elements: int = 256) -> None:
     scattered into zeros. Every rebuilding node reads constants only, so onnxruntime folds it
     when the session loads: only the file shrinks.
     """
-    from onnx import numpy_helper
-
     kept, built = [], []
     for init in m.graph.initializer:
         if init.data_type not in INT_TYPES or int(np.prod(init.dims)) < min_elements:
@@ -180,8 +177,6 @@ def compact_integers(m: onnx.ModelProto, min_elements: int = 256) -> None:
 
 
 def _cast(src: str, dst: str, to: int = onnx.TensorProto.INT64) -> onnx.NodeProto:
-    from onnx import helper
-
     return helper.make_node("Cast", [src], [dst], to=to)
 
 
@@ -209,8 +204,6 @@ def _by_rows(
 ) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
     """Initializers and load-time nodes rebuilding `name` (R, C) row by row as `plans` say
     (type `to`; with `transposed`, x is the transpose of the tensor)."""
-    from onnx import helper, numpy_helper
-
     inits, nodes, parts = [], [], []
     for r, (row, (plan, _)) in enumerate(zip(x, plans, strict=True)):
         p = f"{name}_r{r}"
@@ -269,8 +262,6 @@ def merge_transposed(m: onnx.ModelProto, min_elements: int = 1024) -> None:
     becomes a Transpose of the original (the one a Gather reads), which onnxruntime folds when
     the session loads.
     """
-    from onnx import helper, numpy_helper
-
     mats = {i.name: i for i in m.graph.initializer
             if len(i.dims) == 2 and int(np.prod(i.dims)) >= min_elements}  # fmt: skip
     by_bytes = {(i.data_type, tuple(i.dims), numpy_helper.to_array(i).tobytes()): i.name

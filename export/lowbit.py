@@ -37,6 +37,7 @@ from torch import nn
 
 from lsan.export import ExportError
 from lsan.export.fold import producers, prune
+from lsan.export.int4 import attr
 from lsan.models import rowquant
 from lsan.models.item_tables import LowBitTable
 
@@ -271,8 +272,12 @@ def integer_lookups(model: onnx.ModelProto, table: str) -> int:
     grid = table + GRID in producers(model)
 
     def matches(node) -> bool:
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        return grid and node.op_type == "Gather" and node.input[0] == table and axis == 0
+        return (
+            grid
+            and node.op_type == "Gather"
+            and node.input[0] == table
+            and attr(node, "axis", 0) == 0
+        )
 
     def build(n: _Nodes, node) -> None:
         ids = node.input[1]
