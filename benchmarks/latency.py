@@ -51,6 +51,28 @@ def timed(fn: Callable[[], Any], warmup: int, repeats: int, budget_s: float) -> 
     return np.asarray(times)
 
 
+def interleaved(
+    fns: list[Callable[[], Any]], warmup: int, repeats: int, budget_s: float, block: int = 5
+) -> list[np.ndarray]:
+    """Seconds per call of each fn, timed in turns of `block` calls each, so that a host whose
+    speed drifts (other jobs, clocks) shifts every fn alike; `warmup` untimed calls of each
+    first; up to `repeats` calls each, or fewer (at least 3) once `budget_s` per fn is spent."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    start = time.perf_counter()
+    while len(times[0]) < repeats and (
+        len(times[0]) < 3 or time.perf_counter() - start < budget_s * len(fns)
+    ):
+        for fn, t in zip(fns, times, strict=True):
+            for _ in range(block):
+                t0 = time.perf_counter()
+                fn()
+                t.append(time.perf_counter() - t0)
+    return [np.asarray(t) for t in times]
+
+
 def summary(times: np.ndarray, batch: int) -> dict[str, Any]:
     p50, p95, p99 = np.percentile(times, [50, 95, 99]) * 1000
     return {"n": len(times), "p50_ms": float(p50), "p95_ms": float(p95), "p99_ms": float(p99),

@@ -24,7 +24,7 @@ import torch
 from lsan.artifact import DEFAULT_K, session
 from lsan.benchmarks.artifacts import Checkpoint
 from lsan.benchmarks.bound import bound_row
-from lsan.benchmarks.latency import request_feeds, summary, timed
+from lsan.benchmarks.latency import interleaved, request_feeds, summary
 from lsan.benchmarks.size import weights
 from lsan.export.graph import export_fp32
 from lsan.export.lowbit import freeze
@@ -78,6 +78,7 @@ def measure(
 ) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
     for num_items in sizes:
+        timed_rows, runs = [], []  # every model of this size, timed together (interleaved)
         for desc, name, cfg, template in archs:
             info = dataclasses.replace(template, num_items=num_items)
             base = {"arch": desc, "model": name, "num_items": num_items, "dim": cfg.dim}
@@ -100,21 +101,23 @@ def measure(
                 path = fp32 if fmt == "fp32" else work / f"scaling-{fmt}.onnx"
                 if fmt != "fp32":
                     convert(fp32, path, fmt, [], table)
-                sess = session(path, 1)
-                run = partial(sess.run, ["top_items", "top_scores"], x)
-                times = timed(run, warmup, repeats, budget_s)
+                runs.append(partial(session(path, 1).run, ["top_items", "top_scores"], x))
                 bound = bound_row(model, info, info.max_len, fmt, peak)
                 bound["bytes_read"] = bound.pop("bytes")  # a request's reads, not the file's
-                row = {**base, "format": fmt, "weights": total, "item_weights": item,
-                       "bytes": path.stat().st_size, **summary(times, 1), **bound}  # fmt: skip
-                rows.append(row)
-                log(f"  {desc:32s} |V|={num_items:>9,d} {fmt:5s} {row['bytes']:>13,d} B  "
-                    f"p50 {row['p50_ms']:.3f} ms")  # fmt: skip
-                del sess
+                timed_rows.append({**base, "format": fmt, "weights": total, "item_weights": item,
+                                   "bytes": path.stat().st_size, **bound})  # fmt: skip
                 if path != fp32:
-                    path.unlink()
+                    path.unlink()  # the session holds the model
             fp32.unlink()
             del model
+        for row, times in zip(
+            timed_rows, interleaved(runs, warmup, repeats, budget_s), strict=True
+        ):
+            row.update(summary(times, 1))
+            log(f"  {row['arch']:32s} |V|={num_items:>9,d} {row['format']:5s} "
+                f"{row['bytes']:>13,d} B  p50 {row['p50_ms']:.3f} ms")  # fmt: skip
+        rows += timed_rows
+        del runs
     return rows
 
 

@@ -9,7 +9,7 @@ from conftest import train_tiny
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import bound, report
-from benchmarks.latency import request_feeds
+from benchmarks.latency import interleaved, request_feeds
 from benchmarks.run import SECTIONS, main
 from lsan.models import DataInfo, build_model
 
@@ -192,3 +192,15 @@ def test_scaling_measures_a_low_bit_table_in_its_own_format_too(tmp_path):
         share.append(by["lowbit"]["bytes"] / by["int8"]["bytes"])
     # the table's ~2.6 bits a value against 8 take over as the catalogue grows
     assert share[1] < share[0] and share[1] < 0.5
+
+
+def test_interleaved_timing_takes_turns_and_keeps_to_its_counts():
+    """Every fn is timed in turns of `block` calls (a host that slows down mid-run slows all of
+    them alike), after its warm-up calls, up to `repeats` calls each."""
+    calls: list[str] = []
+    fns = [lambda name=name: calls.append(name) for name in "abc"]
+    times = interleaved(fns, warmup=2, repeats=6, budget_s=60, block=3)
+    assert [len(t) for t in times] == [6, 6, 6] and all((t >= 0).all() for t in times)
+    assert "".join(calls) == "aabbcc" + "aaabbbccc" * 2
+    slow = interleaved(fns, warmup=0, repeats=10**9, budget_s=0, block=1)
+    assert [len(t) for t in slow] == [3, 3, 3]  # the budget spent: the 3-call minimum

@@ -12,7 +12,7 @@ from conftest import REPO, train_tiny
 
 from lsan.artifact import MANIFEST, META, MODEL, NEG, TABLES, feeds, read
 from lsan.checkpoint import load_model
-from lsan.export import ExportError
+from lsan.export import ExportError, graph
 from lsan.export.export import export, main
 from lsan.export.graph import InferenceGraph, example_inputs
 from lsan.export.quantize import AUTO_FORMATS
@@ -222,3 +222,59 @@ def test_padding_column_is_masked_without_a_pad_in_exclude(artifacts, checkpoint
         assert (scores[np.arange(3), exclude[:, 0].numpy()] == NEG).all()
         ops = [n.op_type for n in onnx.load(str(path / MODEL)).graph.node]
         assert ops.count("ScatterElements") == 1
+
+
+class TopK(torch.nn.Module):
+    """graph.top_k alone, for exporting it with a chosen block size."""
+
+    def __init__(self, k: int, block: int):
+        super().__init__()
+        self.k, self.block = k, block
+
+    def forward(self, scores):
+        return graph.top_k(scores, self.k, self.block)
+
+
+@pytest.mark.parametrize("width, block", [(2400, 48), (2413, 64)])  # a divisor; a padded row
+def test_blocked_top_k_finds_what_one_topk_finds(width, block, monkeypatch, tmp_path):
+    monkeypatch.setattr(graph, "BLOCKED_FROM", 1)
+    g = torch.Generator().manual_seed(width)
+    scores = torch.randperm(3 * width, generator=g).float().reshape(3, width)  # no ties
+    scores[:, ::5] = NEG  # excluded items
+    values, items = graph.top_k(scores, 10, block)
+    ref_values, ref_items = torch.topk(scores, 10, dim=1)
+    assert torch.equal(values, ref_values) and torch.equal(items, ref_items)
+    # in onnxruntime, with ties: the same order as its one TopK (the lower id first)
+    tied = torch.round(torch.rand(3, width, generator=g) * 300)  # a tie or two in each top-10
+    tied[1] = NEG  # a row with nothing left to rank
+    blocked, plain = tmp_path / "blocked.onnx", tmp_path / "plain.onnx"
+    for module, path in ((TopK(10, block), blocked), (TopK(10, width), plain)):
+        torch.onnx.export(module.eval(), (tied,), str(path), dynamo=True, opset_version=18,
+                          input_names=["scores"], verbose=False)  # fmt: skip
+    ops = {p: [n.op_type for n in onnx.load(str(p)).graph.node] for p in (blocked, plain)}
+    assert "ReduceMax" in ops[blocked] and ops[plain] == ["TopK"]
+    x = {"scores": tied.numpy()}
+    got, want = (ort.InferenceSession(str(p)).run(None, x) for p in (blocked, plain))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    order = np.lexsort((np.arange(width)[None].repeat(3, 0), -tied.numpy()), axis=1)[:, :10]
+    assert np.array_equal(want[1], order)  # ties broken to the lower id, as the spec says
+
+
+def test_block_size_prefers_a_divisor_and_always_fits():
+    assert graph.block_size(1_000_001, 20) == 101  # 101 x 9,901: no padding copy
+    for width in (32_768, 100_001, 999_983, 2_000_001):  # 999,983 is prime: padded
+        block = graph.block_size(width, 20)
+        assert block >= 16 and width >= 40 * block
+    assert graph.block_size(999_983, 20) in (256, 512, 1024, 2048)
+
+
+def test_blocked_export_answers_as_the_one_topk_export(checkpoints, monkeypatch, tmp_path):
+    model, _, info = load_model(checkpoints["sasrec"])
+    plain, blocked = tmp_path / "plain.onnx", tmp_path / "blocked.onnx"
+    graph.export_fp32(model, info, plain, 5)
+    monkeypatch.setattr(graph, "BLOCKED_FROM", 1)  # the tiny catalogue in two stages
+    graph.export_fp32(model, info, blocked, 5)
+    assert "ReduceMax" in {n.op_type for n in onnx.load(str(blocked)).graph.node}
+    x = feeds(*example_inputs(info, batch=4, length=9, seed=3))
+    got, want = (ort.InferenceSession(str(p)).run(None, x) for p in (blocked, plain))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
