@@ -78,14 +78,15 @@ def run_suite(
     with tempfile.TemporaryDirectory(prefix="lsan-bench-") as tmp:
         work = work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        log("export")
         datasets: dict[tuple, SeqDataset] = {}
         artifacts = []
-        for c in ckpts:
-            data = ds
-            if data is None and s.evaluate:
-                data = dataset_for(c, s.data_dir, datasets)
-            artifacts += export_all(c, work, list(s.formats), s.k, data, log)
+        if set(SECTIONS) - set(s.skip) - {"scaling"}:  # scaling builds its own models
+            log("export")
+            for c in ckpts:
+                data = ds
+                if data is None and s.evaluate:
+                    data = dataset_for(c, s.data_dir, datasets)
+                artifacts += export_all(c, work, list(s.formats), s.k, data, log)
         need_peak = "bound" not in s.skip or "scaling" not in s.skip
         peak = bound.machine_peak(res["env"], s.bandwidth_bytes) if need_peak else {}
         if "size" not in s.skip:

@@ -38,13 +38,11 @@ EXPORT_MEMORY_FACTOR = (
 
 
 def describe(name: str, cfg: Any) -> str:
+    grid = f" {cfg.bits}-bit +{cfg.hot_rows} at {cfg.hot_bits}" if getattr(cfg, "bits", 0) else ""
     if name == "sasrec":
-        grid = (
-            f" {cfg.bits}-bit +{cfg.hot_rows} at {cfg.hot_bits}" if getattr(cfg, "bits", 0) else ""
-        )
         return f"sasrec D={cfg.dim} L={cfg.layers}{grid}"
     if getattr(cfg, "full_table", False):
-        return f"{name} full D={cfg.dim}"
+        return f"{name} full D={cfg.dim} L={cfg.layers} h={cfg.heads}{grid}"
     layout = "balanced" if cfg.m1 == 0 else f"m1={cfg.m1}"
     return f"{name} N={cfg.tables} {layout} D={cfg.dim}"
 
