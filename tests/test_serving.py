@@ -585,6 +585,20 @@ def test_load_generator_keeps_its_rate_against_the_real_server(server, catalogue
     assert missing["errors_by_kind"] == {"HTTP 404": 10}
 
 
+def test_load_generator_retires_connections_before_the_server_does(server, catalogue, monkeypatch):
+    """A keep-alive connection idle near the server's timeout is not reused (sending on it as
+    the server closes it loses the request); a busy one is."""
+    url, _ = server
+    port = int(url.rsplit(":", 1)[1])
+    body = serve_load.request_bytes("/recommend", {"history": history(catalogue[:5]), "k": 5})
+    busy = serve_load.load(port, [body] * 40, rate=40.0)
+    assert busy["errors"] == 0 and busy["connections_opened"] < 20
+    monkeypatch.setattr(serve_load, "IDLE_S", 0.05)  # shorter than the 0.1 s between requests
+    sparse = serve_load.load(port, [body] * 8, rate=10.0)
+    # the 8 opened before the clock starts, then a new one for each request after the first
+    assert sparse["errors"] == 0 and sparse["connections_opened"] >= 8 + 7
+
+
 def test_serving_benchmark_writes_its_record(artifact, tmp_path):
     argv = [str(artifact), "--rate", "40", "80", "--duration", "1", "--history", "5",
             "--name", "t", "--out", str(tmp_path)]  # fmt: skip
