@@ -70,6 +70,17 @@ def fp32_bytes(name: str, cfg: Any, num_items: int) -> int:
     return 4 * (rows * cfg.dim + (cfg.tables + 1) * ids * cfg.item_weights)
 
 
+def random_model(name: str, cfg: Any, info: DataInfo) -> tuple[torch.nn.Module, Any]:
+    """A seeded, randomly initialised model of the architecture in eval mode, and its frozen
+    low-bit table (None for other tables): what the `lowbit` format needs to convert it."""
+    torch.manual_seed(0)
+    model = build_model(name, cfg, info).eval()
+    emb = getattr(model, "item_emb", None)
+    if isinstance(emb, LowBitTable):  # its hot rows: the lowest ids, Zipf-like counts
+        emb.assign_hot(1.0 / torch.arange(1, info.num_items + 2, dtype=torch.float32))
+    return model, freeze(model)
+
+
 def measure(
     archs: list[tuple[str, str, Any, DataInfo]], sizes: list[int], work: Path, peak: dict,
     warmup: int, repeats: int, budget_s: float, max_memory: int, log=print, k: int = DEFAULT_K,
@@ -85,12 +96,7 @@ def measure(
                 rows.append({**base, "skipped": f"export needs ~{need / 2**30:.1f} GiB"})
                 log(f"  {desc:32s} |V|={num_items:>9,d} skipped (~{need / 2**30:.1f} GiB)")
                 continue
-            torch.manual_seed(0)
-            model = build_model(name, cfg, info).eval()
-            emb = getattr(model, "item_emb", None)
-            if isinstance(emb, LowBitTable):  # its hot rows: the lowest ids, Zipf-like counts
-                emb.assign_hot(1.0 / torch.arange(1, num_items + 2, dtype=torch.float32))
-            table = freeze(model)
+            model, table = random_model(name, cfg, info)
             total, item = weights(model, info)
             fp32 = work / "scaling-fp32.onnx"
             export_fp32(model, info, fp32, min(k, num_items))  # the artifacts' top-K

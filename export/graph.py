@@ -31,11 +31,12 @@ OPSET = 18
 class InferenceGraph(nn.Module):
     """The exported path: history -> masked scores -> top-K. Works for every model's score_all."""
 
-    def __init__(self, model: nn.Module, k: int):
+    def __init__(self, model: nn.Module, k: int, two_stage: bool = True):
         super().__init__()
         # a model may offer an inference form: a copy with the same numbers in fewer nodes
         form = getattr(model, "inference_form", None)
         self.model, self.k = (form() if form is not None else model), k
+        self.two_stage = two_stage  # False: one TopK at any width (benchmarks/topk.py's baseline)
 
     def forward(self, items, cats, slots, exclude):
         scores = self.model.score_all(items, cats, slots)  # (B, |V|+1)
@@ -43,7 +44,10 @@ class InferenceGraph(nn.Module):
         # of the scores (mask_padding is a no-op under export: two passes over |V| saved); one
         # Pad node appends it (a zeros column built and concatenated took four)
         scores = scores.scatter(1, F.pad(exclude, (0, 1)), NEG)
-        top_scores, top_items = top_k(scores, self.k)
+        if self.two_stage:
+            top_scores, top_items = top_k(scores, self.k)
+        else:
+            top_scores, top_items = torch.topk(scores, self.k, dim=1)
         return top_items, top_scores, scores
 
 
@@ -107,8 +111,10 @@ def example_inputs(info: DataInfo, batch: int = 2, length: int = 0, seed: int = 
     return items, cats, slots, exclude
 
 
-def export_fp32(model: nn.Module, info: DataInfo, path: Path, k: int) -> None:
-    graph = InferenceGraph(model, k).eval()
+def export_fp32(
+    model: nn.Module, info: DataInfo, path: Path, k: int, two_stage: bool = True
+) -> None:
+    graph = InferenceGraph(model, k, two_stage).eval()
     batch, seq, excl = (
         torch.export.Dim("batch"),
         torch.export.Dim("seq", max=info.max_len),

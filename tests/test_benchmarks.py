@@ -204,3 +204,21 @@ def test_interleaved_timing_takes_turns_and_keeps_to_its_counts():
     assert "".join(calls) == "aabbcc" + "aaabbbccc" * 2
     slow = interleaved(fns, warmup=0, repeats=10**9, budget_s=0, block=1)
     assert [len(t) for t in slow] == [3, 3, 3]  # the budget spent: the 3-call minimum
+
+
+def test_topk_benchmark_compares_the_two_exports(small_ds, tmp_path, capsys):
+    """Above BLOCKED_FROM ids the two-stage export answers exactly as one TopK; both timed."""
+    from benchmarks import topk
+
+    ckpt = train_tiny("sasrec", KINDS["sasrec"], small_ds, tmp_path / "ck", epochs=1)
+    argv = ["--checkpoints", str(ckpt), "--sizes", "40000", "--repeats", "5", "--warmup", "1",
+            "--name", "t", "--out", str(tmp_path)]  # fmt: skip
+    assert topk.main(argv) == 0
+    record = json.loads((tmp_path / "t.json").read_text())
+    (row,) = record["rows"]
+    assert row["items"] == 40_000 and row["block"] == 181 and row["same answers"] is True
+    assert row["one TopK p50 ms"] > 0 and row["two stages p50 ms"] > 0 and row["calls"] >= 5
+    assert record["environment"]["command"] == "python -m benchmarks.topk " + " ".join(argv)
+    with pytest.raises(SystemExit) as err:
+        topk.main(["--checkpoints", str(tmp_path), "--sizes", "40000"])
+    assert err.value.code == 2 and "not a checkpoint folder" in capsys.readouterr().err
