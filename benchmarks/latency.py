@@ -39,16 +39,8 @@ def request_feeds(info: DataInfo, batch: int, length: int, seed: int = 0) -> dic
 
 
 def timed(fn: Callable[[], Any], warmup: int, repeats: int, budget_s: float) -> np.ndarray:
-    """Seconds per call of `fn`, after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeats and (len(times) < 3 or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return np.asarray(times)
+    """Seconds per call of `fn`, after `warmup` untimed calls (`interleaved` with one fn)."""
+    return interleaved([fn], warmup, repeats, budget_s, block=1)[0]
 
 
 def interleaved(

@@ -31,7 +31,7 @@ from lsan.benchmarks.artifacts import load_checkpoints
 from lsan.benchmarks.env import environment, write_record
 from lsan.benchmarks.latency import interleaved, request_feeds, summary
 from lsan.benchmarks.scaling import architectures, random_model
-from lsan.export.graph import BLOCKED_FROM, block_size, export_fp32
+from lsan.export.graph import export_fp32, top_k_block
 from lsan.export.quantize import convert
 from lsan.tables import markdown_table
 
@@ -57,8 +57,7 @@ def compare(
     plain, blocked = interleaved(runs, warmup, repeats, budget_s=60)
     same = all(np.array_equal(a, b) for a, b in zip(*answers, strict=True))
     one, two = summary(plain, 1)["p50_ms"], summary(blocked, 1)["p50_ms"]
-    width = num_items + 1  # the padding id's column too
-    block = block_size(width, min(k, num_items)) if width >= BLOCKED_FROM else None
+    block = top_k_block(num_items + 1, min(k, num_items))  # the padding id's column too
     return {"arch": desc, "format": fmt, "items": num_items, "block": block, "one TopK p50 ms": one,
             "two stages p50 ms": two, "saved ms": one - two, "speed-up": f"{one / two:.2f}x",
             "same answers": same, "calls": len(plain)}  # fmt: skip
