@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any
@@ -115,6 +115,17 @@ class Metrics:
     recommendations: Counter
     unknown_items: Counter
     ready: Gauge
+    children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, made once: prometheus_client checks the values and takes a
+        lock on every `labels` call, a few microseconds on each request's path. Label values
+        are bounded (route templates, statuses, exception names), so the cache is too."""
+        key = (metric, values)
+        found = self.children.get(key)
+        if found is None:
+            found = self.children[key] = metric.labels(*values)
+        return found
 
 
 def new_metrics() -> Metrics:
@@ -169,12 +180,14 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_status)
         except Exception as exc:
             status = 500
-            self.metrics.exceptions.labels(_route(scope), type(exc).__name__).inc()
+            self.metrics.child(self.metrics.exceptions, _route(scope), type(exc).__name__).inc()
             raise
         finally:
             route, method = _route(scope), scope["method"]
-            self.metrics.requests.labels(method, route, str(status)).inc()
-            self.metrics.latency.labels(method, route).observe(time.perf_counter() - start)
+            self.metrics.child(self.metrics.requests, method, route, str(status)).inc()
+            self.metrics.child(self.metrics.latency, method, route).observe(
+                time.perf_counter() - start
+            )
 
 
 def server_timing(
@@ -336,8 +349,9 @@ def answer(
     # the runtime already excluded seen items and dropped masked fillers; a batch group ran at
     # its largest k, so cut to this request's own k
     kept = result.items[: req.k]
-    metrics.recommendations.labels(result.fallback or "none").inc()
-    metrics.unknown_items.inc(len(result.unknown_items))
+    metrics.child(metrics.recommendations, result.fallback or "none").inc()
+    if result.unknown_items:
+        metrics.unknown_items.inc(len(result.unknown_items))
     return {
         "items": [{"item_id": i, "score": s, "rank": r} for r, (i, s) in enumerate(kept, 1)],
         "model": artifact.model,

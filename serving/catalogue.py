@@ -33,10 +33,10 @@ class Item:
 
 class Catalogue:
     def __init__(self, artifact: Artifact):
-        self.raw_ids, self.sorted_ids, self.order = (
+        self.raw_ids, self.sorted_ids, self.sorted_index = (
             artifact.raw_ids,
             artifact.sorted_ids,
-            artifact.order,
+            artifact.sorted_index,
         )
         self.category = artifact.category
         self.category_names = artifact.meta.category_names
@@ -73,7 +73,7 @@ class Catalogue:
                 hi = min((value + 1) * 10**extra - 1, INT64_MAX)
                 a = int(np.searchsorted(self.sorted_ids, lo, side="left"))
                 b = int(np.searchsorted(self.sorted_ids, hi, side="right"))
-                mark(self.order[a:b] + 1, EXACT_ID if extra == 0 else ID_PREFIX)
+                mark(self.sorted_index[a:b], EXACT_ID if extra == 0 else ID_PREFIX)
         if self.titles is not None:
             where = [(i, at) for i, t in enumerate(self._fold()) if (at := t.find(q)) >= 0]
             found = np.asarray(where, dtype=np.int64).reshape(-1, 2)

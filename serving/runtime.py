@@ -13,6 +13,7 @@ same answer alone and in any batch.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from lsan.data.slots import PAD, time_slots
 
 __all__ = ["Artifact", "ArtifactError", "Result", "load_artifact"]
 
+DIRECT_SLOTS = 2  # a direct id table at most this many slots per catalogue item
 History = list[tuple[int, float | None]]  # (raw item id, unix seconds or None), oldest first
 
 
@@ -44,8 +46,17 @@ class Artifact:
         self.raw_ids = t.raw_item_ids  # index -> raw id
         self.catalogue = t.raw_item_ids[1:]  # raw ids of items 1..|V|
         # raw id -> index by binary search: a fraction of a dict's memory on a phone
-        self.order = np.argsort(self.catalogue, kind="stable")
-        self.sorted_ids = self.catalogue[self.order]
+        order = np.argsort(self.catalogue, kind="stable")
+        self.sorted_ids = self.catalogue[order]
+        self.sorted_index = order + 1  # item index of each sorted raw id
+        # raw ids that are small non-negative ints (most datasets' are 1..|V| or near): a direct
+        # table, one memory access per id where the binary search above makes ~log2 |V|, cache
+        # misses in the server (its caches are cold after every onnxruntime run)
+        top = int(self.catalogue.max(initial=0)) + 1
+        self.direct: np.ndarray | None = None
+        if self.catalogue.min(initial=0) >= 0 and top <= DIRECT_SLOTS * len(self.raw_ids):
+            self.direct = np.zeros(top, dtype=np.int64)
+            self.direct[self.catalogue] = np.arange(1, len(self.raw_ids), dtype=np.int64)
         self.category = t.item_category.copy()
         self.category[0] = PAD  # padding positions then look up their own category, PAD
         self.titles = t.item_titles  # title of each item index, None when the dataset has none
@@ -62,32 +73,41 @@ class Artifact:
     def encode(
         self, histories: list[History], exclude_seen: bool
     ) -> tuple[dict[str, np.ndarray], list[list[int]], list[int]]:
-        """Raw histories -> model feeds; also the unknown ids and known-item count per user."""
-        rows, unknown, known_counts = [], [], []
-        for hist in histories:
-            raw = np.array([item for item, _ in hist], dtype=np.int64)
-            ts = np.array([-1 if s is None else int(s) for _, s in hist], dtype=np.int64)
-            idx = self.indices(raw)
-            known = idx != 0
-            unknown.append(raw[~known].tolist())
-            known_counts.append(int(known.sum()))
-            rows.append((idx[known], ts[known]))
-        b = len(rows)
-        t = self.max_len  # always the training length: scores then match training exactly
+        """Raw histories -> model feeds; also the unknown ids and known-item count per user.
+
+        A few numpy calls per history, none per entry: in the server this runs between
+        onnxruntime calls, with cold caches, where each numpy call costs several microseconds.
+        """
+        b, t = len(histories), self.max_len  # always the training length: scores match training
+        items = np.zeros((b, t), dtype=np.int64)
+        slots = np.zeros((b, t), dtype=np.int64)
+        unknown: list[list[int]] = []
+        kept: list[np.ndarray] = []
+        for r, hist in enumerate(histories):
+            raw_ids, seconds = zip(*hist, strict=True) if hist else ((), ())
+            idx = self.indices(raw_ids)
+            if np.count_nonzero(idx) == len(idx):  # a reduction (idx.all()) costs more
+                unknown.append([])
+            else:
+                known = idx != 0
+                unknown.append([i for i, k in zip(raw_ids, known.tolist(), strict=True) if not k])
+                seconds = tuple(s for s, k in zip(seconds, known.tolist(), strict=True) if k)
+                idx = idx[known]
+            kept.append(idx)
+            n = min(len(idx), t)  # keep the most recent max_len
+            if n:
+                items[r, t - n :] = idx[len(idx) - n :]
+                # None (no timestamp) -> NaN -> -1, which time_slots reads as unknown
+                ts = np.fmax(np.array(seconds[len(seconds) - n :], dtype=np.float64), -1.0)
+                slots[r, t - n :] = time_slots(ts, self.slot_rule)
+        known_counts = [len(idx) for idx in kept]
         # the exclude width in powers of two (PAD entries exclude nothing): few distinct input
         # shapes, so onnxruntime's per-shape buffers stay few
         e = 1 << (max(1, max(known_counts, default=1)) - 1).bit_length() if exclude_seen else 1
-        items = np.zeros((b, t), dtype=np.int64)
-        slots = np.zeros((b, t), dtype=np.int64)
         exclude = np.zeros((b, e), dtype=np.int64)
-        for r, (ids, ts) in enumerate(rows):
-            n = min(len(ids), t)  # keep the most recent max_len
-            if n == 0:
-                continue
-            items[r, t - n :] = ids[len(ids) - n :]
-            slots[r, t - n :] = time_slots(ts[len(ts) - n :], self.slot_rule)
-            if exclude_seen:
-                exclude[r, : len(ids)] = ids
+        if exclude_seen:
+            for r, idx in enumerate(kept):
+                exclude[r, : len(idx)] = idx
         cats = self.category[items]  # slots: PAD where padded, time_slots never gives 0
         return (
             {"items": items, "cats": cats, "slots": slots, "exclude": exclude},
@@ -95,11 +115,15 @@ class Artifact:
             known_counts,
         )
 
-    def indices(self, raw_ids: list[int] | np.ndarray) -> np.ndarray:
+    def indices(self, raw_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Item index of each raw id, 0 for an id not in the catalogue."""
         ids = np.asarray(raw_ids, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.sorted_ids, ids), len(self.sorted_ids) - 1)
-        return np.where(self.sorted_ids[pos] == ids, self.order[pos] + 1, 0)
+        if self.direct is not None:  # an id outside the table clips to an item that is not it
+            found = self.direct.take(ids, mode="clip")
+            return np.where(self.raw_ids.take(found) == ids, found, 0)
+        pos = np.searchsorted(self.sorted_ids, ids)  # an id past the last one clips to it
+        hit = self.sorted_ids.take(pos, mode="clip") == ids
+        return np.where(hit, self.sorted_index.take(pos, mode="clip"), 0)
 
     def recommend(
         self, histories: list[History], k: int = 10, exclude_seen: bool = True
@@ -131,10 +155,11 @@ class Artifact:
                 pop = [(i, 0.0) for i in self.popular_raw[:k]]
                 results.append(Result(pop, unknown[r], "popular"))
                 continue
-            real = top_scores[r, :k] > NEG / 2  # fewer than k unseen items left: drop masked ones
-            ids = self.raw_ids[top_items[r, :k][real]].tolist()
-            scores = top_scores[r, :k][real].tolist()
-            results.append(Result(list(zip(ids, scores, strict=True)), unknown[r]))
+            ids = self.raw_ids.take(top_items[r, :k]).tolist()
+            scores = top_scores[r, :k].tolist()
+            # fewer than k unseen items left: drop the masked ones (sorted last)
+            found = [(i, s) for i, s in zip(ids, scores, strict=True) if s > NEG / 2]
+            results.append(Result(found, unknown[r]))
         return results, model_s
 
     def warm_up(self, requests: int = 21, budget_s: float = 1.0) -> list[float]:

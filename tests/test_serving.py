@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import schemathesis
 from conftest import fuzz_never_5xx, train_tiny, wait_ready
@@ -30,6 +31,7 @@ from schemathesis import GenerationMode
 
 from lsan.artifact import MODEL, read
 from lsan.benchmarks import serve_load
+from lsan.data.slots import time_slots
 from lsan.export.export import export
 from lsan.serving import app as app_module
 from lsan.serving.app import create_app, serve
@@ -126,6 +128,42 @@ def test_recommend_ranks_raw_ids_and_excludes_seen(client, catalogue):
     )[0]
     assert ids == [i for i, _ in direct.items]
     assert scores == pytest.approx([s for _, s in direct.items], abs=1e-6)
+
+
+def test_id_lookup_and_encoding_match_a_plain_reference(artifact, catalogue):
+    """The runtime's vectorised encoding against one written entry by entry: the direct id
+    table and the binary search agree on every id (out-of-range ones too), unknown ids are
+    skipped and reported in order, None means an unknown time slot, the last max_len known
+    entries are kept, and every known id is excluded."""
+    art = load_artifact(artifact)
+    assert art.direct is not None  # the test data's raw ids are dense
+    index = {raw: i for i, raw in enumerate(catalogue, 1)}
+    probe = [*catalogue, -(2**63), -1, 0, max(catalogue) + 1, 10**12, 2**63 - 1]
+    want = [index.get(raw, 0) for raw in probe]
+    assert art.indices(probe).tolist() == want
+    direct, art.direct = art.direct, None
+    assert art.indices(probe).tolist() == want
+    art.direct = direct
+    rng = random.Random(0)
+    for trial in range(30):
+        n = rng.randint(0, 3 * art.max_len)
+        raw = [rng.choice(catalogue) if rng.random() < 0.8 else 10**9 + j for j in range(n)]
+        hist = [(r, None if rng.random() < 0.3 else T0 + 3571.5 * j) for j, r in enumerate(raw)]
+        feeds, unknown, known = art.encode([hist], exclude_seen=trial % 2 == 0)
+        kept = [(index[r], s) for r, s in hist if r in index]
+        assert unknown == [[r for r, _ in hist if r not in index]] and known == [len(kept)]
+        last = kept[len(kept) - min(len(kept), art.max_len) :]
+        pad = art.max_len - len(last)
+        slots = [int(time_slots(np.array([-1 if s is None else int(s)]), art.slot_rule)[0])
+                 for _, s in last]  # fmt: skip
+        assert feeds["items"][0].tolist() == [0] * pad + [i for i, _ in last]
+        assert feeds["slots"][0].tolist() == [0] * pad + slots
+        assert feeds["cats"][0].tolist() == art.category[feeds["items"][0]].tolist()
+        excluded = feeds["exclude"][0].tolist()
+        if trial % 2 == 0:
+            assert excluded[: len(kept)] == [i for i, _ in kept] and not any(excluded[len(kept) :])
+        else:
+            assert excluded == [0]
 
 
 def test_most_recent_entries_are_used(client, catalogue):
