@@ -90,8 +90,9 @@ class Artifact:
                 unknown.append([])
             else:
                 known = idx != 0
-                unknown.append([i for i, k in zip(raw_ids, known.tolist(), strict=True) if not k])
-                seconds = tuple(s for s, k in zip(seconds, known.tolist(), strict=True) if k)
+                flags = known.tolist()
+                unknown.append([i for i, k in zip(raw_ids, flags, strict=True) if not k])
+                seconds = tuple(s for s, k in zip(seconds, flags, strict=True) if k)
                 idx = idx[known]
             kept.append(idx)
             n = min(len(idx), t)  # keep the most recent max_len
