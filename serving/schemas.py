@@ -83,9 +83,6 @@ class RecommendRequest(BaseModel):
         if None not in times and all(map(operator.lt, times, times[1:])):
             return history  # the usual case (strictly increasing times: no entry twice), fast
         keys = [(entry["item_id"], entry.get("timestamp")) for entry in history]
-        times = [s for _, s in keys if s is not None]
-        if len(set(keys)) == len(keys) and all(map(operator.le, times, times[1:])):
-            return history  # checked at C speed; the loop below names the fault
         seen: dict[tuple[int, float | None], int] = {}
         last: tuple[int, float] | None = None
         for pos, key in enumerate(keys):
