@@ -192,9 +192,19 @@ def main(argv: list[str] | None = None) -> int:
         if received:
             raise_for(received[0])
 
+    unraisable = sys.unraisablehook
+
+    def quiet_interrupt(u) -> None:
+        # a signal that lands in code Python cannot raise from (a weakref or GC callback, a
+        # __del__) would print "Exception ignored in ..." and a traceback; `received` holds it
+        # and the next stage's check raises it, so only the one line below reaches the user
+        if not (received and isinstance(u.exc_value, (KeyboardInterrupt, Terminated))):
+            unraisable(u)
+
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
     previous_int = signal.signal(signal.SIGINT, terminate) if main_thread else None
+    sys.unraisablehook = quiet_interrupt
     try:
         export(args.checkpoint, args.out, args.quant, args.k, args.max_drop, args.force,
                args.data_dir, args.cache_dir, evaluate_data=not args.no_eval, hook=check)  # fmt: skip
@@ -208,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         print("terminated: no partial artifact left behind", file=sys.stderr)
         return 143
     finally:
+        sys.unraisablehook = unraisable
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:

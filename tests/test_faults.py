@@ -162,6 +162,30 @@ def test_signal_during_export_is_one_line_and_leaves_nothing(ck, tmp_path, sig, 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_signal_python_cannot_raise_from_is_still_one_line(tmp_path):
+    """A signal landing in a __del__ (or a weakref callback during an import, as it once did in
+    CI) cannot raise there: Python would print "Exception ignored in ..." and a traceback. The
+    export records it, says nothing there, and the next stage's check raises it: one line."""
+    script = (
+        "import signal, sys\n"
+        "import lsan.export.export as E\n"
+        "class Dropped:\n"
+        "    def __del__(self):\n"
+        "        signal.raise_signal(signal.SIGINT)\n"
+        "def export(*args, hook, **kw):\n"
+        "    Dropped()\n"
+        "    hook('next stage')\n"
+        "    print('the recorded interrupt was not raised', file=sys.stderr)\n"
+        "E.export = export\n"
+        "sys.exit(E.main([sys.argv[1], '--out', sys.argv[2], '--no-eval']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ck"), str(tmp_path / "art")],
+                          cwd=REPO, capture_output=True, timeout=120)  # fmt: skip
+    lines = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 130, lines
+    assert lines == ["interrupted: no partial artifact left behind"], lines
+
+
 def test_out_must_be_absent_empty_or_an_artifact(ck, good, tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
