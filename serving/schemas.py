@@ -82,10 +82,10 @@ class RecommendRequest(BaseModel):
         times = [entry.get("timestamp") for entry in history]
         if None not in times and all(map(operator.lt, times, times[1:])):
             return history  # the usual case (strictly increasing times: no entry twice), fast
-        keys = [(entry["item_id"], entry.get("timestamp")) for entry in history]
         seen: dict[tuple[int, float | None], int] = {}
         last: tuple[int, float] | None = None
-        for pos, key in enumerate(keys):
+        ids = [entry["item_id"] for entry in history]
+        for pos, key in enumerate(zip(ids, times, strict=True)):
             if key in seen:
                 raise PydanticCustomError(
                     "duplicate_entry",
