@@ -178,3 +178,45 @@ def test_a_row_never_takes_another_rows_artifact_for_a_format(tmp_path):
     (base.with_name("a-int8")).mkdir()
     (base.with_name("a-int8") / "manifest.json").write_text("{}")
     assert device_frontier.written(base, ["int8"]) == {"int8": base.with_name("a-int8")}
+
+
+def test_rotation_times_exported_folders_without_evaluating_them(frontier, tmp_path, capsys):
+    """benchmarks.rotation: the frontier's interleaved timing and floors for existing folders."""
+    from lsan.benchmarks import rotation
+
+    art = frontier.parent / "art"
+    files = {"big-int8": art / "big" / "big-int8", "lowbit": art / "lowbit" / "lowbit-lowbit"}
+    args = [a for n, f in files.items() for a in ("--artifact", f"{n}={f}")]
+    assert rotation.main([*args, "--runs", "2", "--rounds", "2", "--name", "rot",
+                          "--out", str(tmp_path)]) == 0  # fmt: skip
+    rec = json.loads((tmp_path / "rot.json").read_text())
+    assert rec["environment"]["command"].startswith("python -m benchmarks.rotation --artifact")
+    assert rec["environment"]["commit"] and rec["environment"]["machine"]["cores"] >= 1
+    assert len(rec["runs"]) == 2 and all(set(r) == set(files) for r in rec["runs"])
+    for run in rec["runs"]:
+        for t in run.values():
+            assert 0 < t["cold"]["p50"] <= t["cold"]["p99"] and t["warm"]["p50"] > 0
+    for row in rec["table"]:
+        work = rec["floors"][row["artifact"]]
+        assert work["nodes"] > 10 and work["floor_ms"] > 0 and row["nodes"] == work["nodes"]
+        assert row["runs"] == 2 and 0 <= row["runs_cold_within_target"] <= 2
+        warm = [r[row["artifact"]]["warm"]["p50"] for r in rec["runs"]]
+        assert (row["warm_p50_min"], row["warm_p50_max"]) == (min(warm), max(warm))
+        assert row["cold_p50_min"] <= row["cold_p50_max"] <= row["cold_p99_max"]
+    out = capsys.readouterr().out
+    assert "| artifact" in out and "us per graph node" in out and "run 2 of 2" in out
+    assert "cold p50 <= 0.25 ms" in out and " of 2 runs" in out
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [("nonsense", "NAME=FOLDER"), ("x=/nonexistent", "no model.onnx"), ("=/tmp", "NAME=FOLDER")],
+)
+def test_rotation_refuses_a_bad_artifact_in_one_line(spec, message, capsys):
+    from lsan.benchmarks import rotation
+
+    with pytest.raises(SystemExit) as e:
+        rotation.main(["--artifact", spec])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
