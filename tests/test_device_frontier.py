@@ -134,6 +134,26 @@ def test_the_floor_counts_what_a_request_reads():
     assert got["floor_ms"] == pytest.approx((10.0 + max(got["memory_us"], 10.0)) / 1000)
 
 
+def test_a_reference_point_is_the_warm_host_not_its_idle_clock():
+    """A host that answers 10x slower for its first 0.2 s of work (an idle core ramping its
+    clock) gives the warm cost: the floor's reference points must not move with idle time."""
+    import time
+
+    class Ramping:  # busy-waits: 200 us a call for 0.2 s after creation, then 20 us
+        def __init__(self):
+            self.born = time.perf_counter()
+
+        def run(self, outputs, feeds):
+            now = time.perf_counter()
+            end = now + (200e-6 if now - self.born < 0.2 else 20e-6)
+            while time.perf_counter() < end:
+                pass
+
+    assert 20e-6 <= floor._median_call(Ramping(), {}, n=50, warm_s=0.3) < 60e-6
+    # without the warm-up the same host reads its idle clock: the test tells the two apart
+    assert floor._median_call(Ramping(), {}, n=50, warm_s=0.0, blocks=1) >= 200e-6
+
+
 def test_the_floor_counts_a_fused_attention_as_its_two_products(tmp_path):
     """MultiHeadAttention (what the export emits) is q k^T and weights v: 4 B Tq T W FLOPs."""
     import numpy as np
