@@ -2,8 +2,8 @@
 
 Everything here is a function of the results JSON alone, so a committed results file can be
 re-rendered without re-measuring: `python -m benchmarks.report benchmarks/results/NAME.json`.
-`--readme README.md` also replaces the block between `<!-- bench:start -->` and
-`<!-- bench:end -->` in that file with the summary table (the README's results table).
+`--readme FILE` also replaces the block between `<!-- bench:start -->` and `<!-- bench:end -->`
+in that file with the summary table (docs/benchmark-suite.md holds the Beauty one).
 Ratios are against SASRec fp32 from the same run.
 """
 
@@ -160,7 +160,7 @@ def scaling_targets(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def summary_table(res: dict[str, Any]) -> str:
-    """One line per artifact: the README's results table."""
+    """One line per artifact: the suite's results table."""
     dev = device_rows(res)
     ref_size = find(res.get("size", []), label=reference_label(res), format="fp32")
     mem = res.get("memory", {}).get("rows", [])

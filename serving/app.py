@@ -434,7 +434,7 @@ class FastRecommend:
     """POST /recommend without the framework's per-request machinery, for an ordinary valid
     request; everything else goes to FastAPI as before.
 
-    Measured on Beauty (benchmarks/serve_load.py, README "Serving on Beauty"): FastAPI's routing,
+    Measured on Beauty (benchmarks/serve_load.py, docs/serving.md): FastAPI's routing,
     dependency solving and body handling and the thread-pool round trip of a plain `def` route
     cost more than the model itself. So for a ready server and a body of `application/json`
     with a Content-Length within the limit, this middleware reads the body, validates it with
