@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from lsan.artifact import DEFAULT_K, read
-from lsan.benchmarks.env import git_commit
+from lsan.benchmarks.env import environment, git_commit
 from lsan.benchmarks.latency import request_feeds
 from lsan.paired import shown
 
@@ -286,12 +286,14 @@ def latency_table(points: list[dict[str, Any]], reference: str) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def host_line(ref: dict[str, Any], k: int) -> str:
-    """This run's measured reference points: the host's speed while it ran (it drifts by tens
-    of percent between runs on a shared machine, so compare latencies within one run)."""
+def host_line(ref: dict[str, Any], k: int, machine: dict[str, Any]) -> str:
+    """This run's machine and measured reference points: the host's speed while it ran (it
+    drifts by tens of percent between runs on a shared machine, so compare latencies within
+    one run)."""
     return (
-        f"\nReference points measured in this run (the floor's): {ref['per_node_us']:.2f} us per "
-        f"graph node, {ref['topk_us']:.1f} us for a top-{k} over the catalogue, "
+        f"\nMeasured on {machine['cpu']} ({machine['cores']} cores). Reference points measured "
+        f"in this run (the floor's): {ref['per_node_us']:.2f} us per graph node, "
+        f"{ref['topk_us']:.1f} us for a top-{k} over the catalogue, "
         f"{ref['peak_gflops_1core']:.0f} GFLOP/s one core.\n"
     )
 
@@ -371,6 +373,10 @@ def carried(path: Path, measured: set[str]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    command = "python -m benchmarks.device_frontier " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    host = environment(command)  # the machine, versions and load of this run's measurements
     rows = []
     for spec in args.row:
         name, sep, ckpt = spec.partition("=")
@@ -398,15 +404,13 @@ def main(argv: list[str] | None = None) -> int:
               **held[key]}  # fmt: skip
         p["p50_ms"] = times[key]["warm"]["p50"]
         p["commit"] = measured_at
+        p["environment"] = host  # a carried row keeps the one of the run that measured it
     paired_with_reference(arts, points, args.reference, args.data_dir)
     out = Path(args.results)
     if args.keep:
         points += carried(out / f"{args.name}.json", {name for name, _ in rows})
     compare(points, args.reference)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.device_frontier " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
     record = [{k: p[k] for k in RESULT_KEYS} | {"context": {k: v for k, v in p.items() if k not in RESULT_KEYS}}
               for p in points]  # fmt: skip
     for r in record:
@@ -414,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         r["context"].setdefault("floor_reference", graph_work["_reference"])
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
     md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
-    md += host_line(graph_work["_reference"], args.k)
+    md += host_line(graph_work["_reference"], args.k, host["machine"])
     if any(p.get("carried") for p in points):
         md += (
             "\nRows named with a commit in brackets are carried over from that commit's run "

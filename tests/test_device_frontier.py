@@ -101,11 +101,16 @@ def test_every_artifact_has_the_fixed_keys_and_a_floor(frontier):
         assert c["cold"]["p50"] <= c["cold"]["p99"] and c["warm"]["p50"] == r["p50_ms"]
         assert r["artifact_bytes"] > r["model_onnx_bytes"] > 0
         assert c["peak_rss_mib"] > c["rss_over_import_mib"] > 0
+        # the machine, commit and command of the run that measured it, beside its figures
+        env = c["environment"]
+        assert env["machine"]["cores"] >= 1 and env["machine"]["cpu"]
+        assert env["command"] == c["frontier_command"] and env["commit"] == r["commit"]
     codes = [r for r in rows if r["name"] == "codes"]
     assert all(r["item_table"] == "codes 2x16 (popularity) +20 own" for r in codes)
     md = (frontier / "tiny.md").read_text()
     assert "fastest SASRec as accurate" in md and "warm p50 / floor" in md and "peak RSS" in md
     assert "us per graph node" in md  # the host's speed during this run, beside its latencies
+    assert f"Measured on {rows[0]['context']['environment']['machine']['cpu']}" in md
     assert (frontier / "tiny.png").stat().st_size > 10_000
 
 
