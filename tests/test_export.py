@@ -180,6 +180,8 @@ def test_ae_artifact_matches_pytorch_at_every_length(small_ds, tmp_path):
     [
         ("sasrec", {"dim": 16, "layers": 2, "heads": 2}, 2),  # one causal, one last-query node
         ("lsan", {"dim": 16, "m1": 0, "layers": 2}, 2),  # 2 full-width heads beside the conv
+        # the context switched off: all of it folded into the injection's bias, nothing added
+        ("lsan", {"dim": 16, "item_table": "full", "use_category": False, "use_time": False}, 1),
         ("local", {"dim": 16, "layers": 2}, 0),  # a window onnxruntime cannot express
     ],
 )
@@ -193,7 +195,7 @@ def test_attention_runs_fused_in_onnx_and_matches_pytorch(name, cfg, fused, smal
     assert ops.count("MultiHeadAttention") == fused
     assert ("LessOrEqual" in ops) == (fused == 0)  # the T x T mask's test of positions
     assert "Gelu" in ops and "Erf" not in ops  # one node onnxruntime fuses with its bias
-    if name == "lsan":  # integer qr codes, the context constant broadcast, no conv size sums
+    if name == "lsan":  # integer qr codes, no context constant broadcast, no conv size sums
         assert "Floor" not in ops and "Expand" not in ops and "Max" not in ops
     model, _, info = load_model(ck)
     sess = ort.InferenceSession(str(tmp_path / "art" / MODEL), providers=["CPUExecutionProvider"])

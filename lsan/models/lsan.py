@@ -78,9 +78,11 @@ class ContextFusion(nn.Module):
         self.projected = False  # project_context: the inference form for one base vector
         self.temperature = math.sqrt(dim)  # of the fusion softmax (scaled dot product)
 
-    def context(self, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def context(self, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
         """(B, T, D): the parts switched on, plus the constant (broadcast: one Add in ONNX; none
-        once `project_context` folded it into the injection's bias)."""
+        once `project_context` folded it into the injection's bias). None after that fold with
+        no part on: the context is then all in the bias, and adding an expanded zero would cost
+        the export five nodes (shapes, Expand, Add) on every request."""
         parts = []
         if self.prev_cat is not None and self.cur_cat is not None:
             prev = F.pad(cats[:, :-1], (1, 0), value=PAD)  # category of item t-1; PAD first
@@ -88,7 +90,7 @@ class ContextFusion(nn.Module):
         if self.slot is not None:
             parts.append(self.slot(slots))
         if not parts:
-            return self.const.expand(*cats.shape, -1)
+            return None if self.projected else self.const.expand(*cats.shape, -1)
         total = sum(parts[1:], parts[0])
         return total if self.projected else total + self.const
 
@@ -123,7 +125,8 @@ class ContextFusion(nn.Module):
     def inject_projected(self, e: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor):
         """The item vectors e (B, T, D) with the context injected, after project_context (the
         context sum is W_c c already)."""
-        return e + gelu(self.inject(e) + self.context(cats, slots))
+        z, c = self.inject(e), self.context(cats, slots)
+        return e + gelu(z if c is None else z + c)
 
     def forward(self, base: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """base (B, T, N, D) -> fused, context-injected item vectors (B, T, D).
@@ -134,6 +137,7 @@ class ContextFusion(nn.Module):
         if self.projected:
             return self.inject_projected(base.squeeze(-2), cats, slots)
         c = self.context(cats, slots)
+        assert c is not None  # only the projected form folds the context away
         if base.shape[-2] == 1:
             e = base.squeeze(-2)
         else:
