@@ -37,17 +37,13 @@ from typing import Any
 import numpy as np
 
 from lsan.artifact import DEFAULT_K, read
-from lsan.benchmarks.env import environment, git_commit
+from lsan.benchmarks.env import environment
 from lsan.benchmarks.latency import request_feeds
 from lsan.paired import shown
 
 RESULT_KEYS = ("name", "model", "item_table", "teacher", "format", "artifact_bytes",
                "model_onnx_bytes", "test_ndcg10", "test_hr10", "p50_ms", "epochs", "command",
                "commit")  # fmt: skip
-
-
-def commit() -> str:
-    return git_commit()["commit"] or "unknown"
 
 
 def export_row(
@@ -397,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     times = timings(arts, rounds=args.rounds)
     graph_work = floors(arts, folders, args.k)
     held = memory(folders)
-    measured_at = commit()
+    measured_at = host["commit"] or "unknown"  # environment() read it already
     for p in points:
         key = f"{p['name']}/{p['format']}"
         p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **graph_work[key],

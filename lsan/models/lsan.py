@@ -78,21 +78,21 @@ class ContextFusion(nn.Module):
         self.projected = False  # project_context: the inference form for one base vector
         self.temperature = math.sqrt(dim)  # of the fusion softmax (scaled dot product)
 
-    def context(self, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
-        """(B, T, D): the parts switched on, plus the constant (broadcast: one Add in ONNX; none
-        once `project_context` folded it into the injection's bias). None after that fold with
-        no part on: the context is then all in the bias, and adding an expanded zero would cost
-        the export five nodes (shapes, Expand, Add) on every request."""
+    def parts(self, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
+        """(B, T, D): the sum of the context parts switched on (after `project_context`, W_c
+        times it), None with none on."""
         parts = []
         if self.prev_cat is not None and self.cur_cat is not None:
             prev = F.pad(cats[:, :-1], (1, 0), value=PAD)  # category of item t-1; PAD first
             parts += [self.prev_cat(prev), self.cur_cat(cats)]
         if self.slot is not None:
             parts.append(self.slot(slots))
-        if not parts:
-            return None if self.projected else self.const.expand(*cats.shape, -1)
-        total = sum(parts[1:], parts[0])
-        return total if self.projected else total + self.const
+        return sum(parts[1:], parts[0]) if parts else None
+
+    def context(self, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """(B, T, D): the parts switched on plus the constant (broadcast: one Add in ONNX)."""
+        total = self.parts(cats, slots)
+        return self.const.expand(*cats.shape, -1) if total is None else total + self.const
 
     @torch.no_grad()
     def scale_query(self) -> None:
@@ -120,12 +120,12 @@ class ContextFusion(nn.Module):
         inject.weight.copy_(w_e)
         inject.bias.copy_(self.inject.bias + w_c @ self.const)
         self.inject, self.projected = inject, True
-        self.const.zero_()  # with no part switched on, c is the constant, now in the bias
 
     def inject_projected(self, e: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor):
-        """The item vectors e (B, T, D) with the context injected, after project_context (the
-        context sum is W_c c already)."""
-        z, c = self.inject(e), self.context(cats, slots)
+        """The item vectors e (B, T, D) with the context injected, after project_context: the
+        parts' sum is W_c c already and the constant is in the bias, so with no part on nothing
+        is added (an expanded zero would cost the export five nodes a request)."""
+        z, c = self.inject(e), self.parts(cats, slots)
         return e + gelu(z if c is None else z + c)
 
     def forward(self, base: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,6 @@ class ContextFusion(nn.Module):
         if self.projected:
             return self.inject_projected(base.squeeze(-2), cats, slots)
         c = self.context(cats, slots)
-        assert c is not None  # only the projected form folds the context away
         if base.shape[-2] == 1:
             e = base.squeeze(-2)
         else:
