@@ -245,6 +245,30 @@ def test_the_int4_format_decodes_the_encoder_at_load(name, exported, tmp_path):
     assert_close_to_fp32(exported[name], dst)
 
 
+def test_small_lookup_tables_are_stored_in_4_bits_and_other_small_tensors_stay_float(
+    exported, tmp_path
+):
+    """LSAN's context tables (6 x 32 here, 9 x 32 on Beauty) are under min_elements but read
+    only by row lookups: they join the 4-bit blob like an item table's rows; layer norms and
+    biases stay float32, and the scores stay close to fp32."""
+    fp32 = onnx.load(str(exported["lsan"]))
+    uses: dict[str, list[onnx.NodeProto]] = {}
+    for node in fp32.graph.node:
+        for name in node.input:
+            uses.setdefault(name, []).append(node)
+    lookups = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer
+               if i.data_type == TensorProto.FLOAT and len(i.dims) == 2 and i.dims[1] % 32 == 0
+               and int(np.prod(i.dims)) < 1024
+               and all(n.op_type == "Gather" for n in uses.get(i.name, [None]) if n)}  # fmt: skip
+    assert len(lookups) == 3  # category of item t-1, of item t, time slot: (5 or 6) x 32
+    dst = tmp_path / "int4.onnx"
+    report = quantize_int4(exported["lsan"], dst, decode_below=ENCODER_DECODED_BELOW)
+    assert not set(lookups) & set(report["kept_float"])
+    assert all(report["quantized"][n]["read_as"] == ["decoded at load (blob)"] for n in lookups)
+    assert "fewer than 1024 elements" in report["kept_float"].values()  # biases, layer norms
+    assert_close_to_fp32(exported["lsan"], dst)
+
+
 def test_int8_activations_stay_close_per_row_and_match_fp32_compute(exported, tmp_path):
     level4, level0 = tmp_path / "level4.onnx", tmp_path / "level0.onnx"
     quantize_int4(exported["sasrec"], level4)
