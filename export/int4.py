@@ -297,12 +297,11 @@ def lookup_rows(init: TensorProto, uses: dict, block: int) -> bool:
     blocks: its rows cost what an item table's do in 4 bits, whatever its size. LSAN's context
     tables (9 x 32 on Beauty, 20 x 48 on ML-100K) are under `min_elements` and stayed float32,
     3-8 KB of a 80-165 KB file; a 4-bit row is as exact as the encoder's weights already are."""
-    shape = tuple(init.dims)
-    if len(shape) != 2 or init.name not in uses:
-        return False
-    block = fitted_block(shape, block)
-    return shape[1] % block == 0 and all(
-        n.op_type == "Gather" and s == 0 and attr(n, "axis", 0) == 0 for n, s in uses[init.name]
+    shape, block = tuple(init.dims), fitted_block(tuple(init.dims), block)
+    readers = uses.get(init.name, [])  # a Gather's axis never depends on the graph's outputs
+    return bool(readers) and all(
+        n.op_type == "Gather" and kernel_axis(n, s, shape, uses, set(), block) is not None
+        for n, s in readers
     )
 
 

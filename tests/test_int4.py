@@ -256,7 +256,7 @@ def test_small_lookup_tables_are_stored_in_4_bits_and_other_small_tensors_stay_f
     for node in fp32.graph.node:
         for name in node.input:
             uses.setdefault(name, []).append(node)
-    lookups = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer
+    lookups = {i.name for i in fp32.graph.initializer
                if i.data_type == TensorProto.FLOAT and len(i.dims) == 2 and i.dims[1] % 32 == 0
                and int(np.prod(i.dims)) < 1024
                and all(n.op_type == "Gather" for n in uses.get(i.name, [None]) if n)}  # fmt: skip
