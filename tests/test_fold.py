@@ -294,3 +294,13 @@ def test_lsan_int8_context_product_is_one_kernel(graphs, tmp_path):
         left = [n for n in m.graph.node if n.op_type == "MatMulInteger"
                 and made[n.input[0]].op_type != "DynamicQuantizeLinear"]  # fmt: skip
         assert "MatMulIntegerToFloat" in ops and left == []
+
+
+def test_lsan_injection_bias_runs_inside_the_gelu(graphs, tmp_path):
+    """LSAN_full's context injection adds its bias last, beside the GeLU, so onnxruntime runs
+    the pair as one BiasGelu. fp32: the injection's and the FFN's, no plain Gelu left; int8: the
+    injection's (the FFN's bias is inside its DynamicQuantizeMatMul, so its Gelu stays plain)."""
+    root, _ = graphs["lsan_full"]
+    for name, fused in (("fp32.onnx", 2), ("int8.onnx", 1)):
+        ops = [n.op_type for n in loaded_graph(root / name, tmp_path).graph.node]
+        assert ops.count("BiasGelu") == fused and ops.count("Gelu") == 2 - fused, (name, ops)
