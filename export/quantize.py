@@ -67,14 +67,19 @@ def convert(
 
 
 def slim(m: onnx.ModelProto) -> None:
-    """Drop what onnxruntime does not read: shape annotations, node names, long tensor names.
+    """Drop what onnxruntime does not read: shape annotations, node names, long tensor names,
+    the exporter's notes on the graph's inputs and outputs.
 
     value_info is recomputed by onnxruntime's shape inference at load, and every tensor but the
     graph's inputs and outputs gets a short name (base 36, in order of appearance): on a 4-bit
-    model of 189 KB the two were 12% of the file.
+    model of 189 KB the two were 12% of the file. ONNX is proto2, so an empty string that is set
+    is still written: names and doc strings are cleared, not emptied (4 bytes a node), and the
+    torch.export notes on each input and output (~150 bytes each) go: 1.6 KB of a 150 KB file.
     """
     g = m.graph
     del g.value_info[:]
+    for v in (*g.input, *g.output):
+        del v.metadata_props[:]
     keep = {v.name for v in (*g.input, *g.output)}
     names: dict[str, str] = {}
 
@@ -88,8 +93,8 @@ def slim(m: onnx.ModelProto) -> None:
     for init in g.initializer:
         init.name = short(init.name)
     for node in g.node:
-        node.name = ""
-        node.doc_string = ""
+        node.ClearField("name")
+        node.ClearField("doc_string")
         node.input[:] = [short(i) for i in node.input]
         node.output[:] = [short(o) for o in node.output]
 

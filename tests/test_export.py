@@ -101,6 +101,16 @@ def test_nothing_shipped_names_the_exporting_machine(artifacts, checkpoints):
                 assert root.encode() not in data, (f.name, root)
 
 
+def test_shipped_graph_writes_nothing_onnxruntime_does_not_read(artifacts):
+    """No node name or doc string (cleared, not set empty: proto2 writes an empty string), no
+    exporter notes on the graph's inputs and outputs; the model-level contract stays."""
+    for name in KINDS:
+        m = onnx.load(str(artifacts[name][0] / MODEL))
+        assert not [n for n in m.graph.node if n.HasField("name") or n.HasField("doc_string")]
+        assert not [v.name for v in (*m.graph.input, *m.graph.output) if v.metadata_props]
+        assert {p.key for p in m.metadata_props} >= {"lsan.model", "lsan.k", "lsan.max_len"}
+
+
 def test_graph_and_models_agree_on_the_masked_score():
     assert NEG == MODEL_NEG
 
