@@ -142,11 +142,12 @@ def export_fp32(
     prog.save(str(path), external_data=False)
     m = onnx.load(str(path))
     # the exporter's per-node stack traces would be ~40% of a small model, and they name files
-    # of the exporting machine
+    # of the exporting machine (cleared, not set empty: proto2 writes an empty string)
     for node in m.graph.node:
         del node.metadata_props[:]
-        node.doc_string = ""
-    m.graph.doc_string = m.doc_string = ""
+        node.ClearField("doc_string")
+    m.graph.ClearField("doc_string")
+    m.ClearField("doc_string")
     compact_integers(m)
     vector_negations(m)
     onnx.save(m, str(path))

@@ -78,9 +78,10 @@ def slim(m: onnx.ModelProto) -> None:
     """
     g = m.graph
     del g.value_info[:]
-    for v in (*g.input, *g.output):
+    io = (*g.input, *g.output)
+    for v in io:
         del v.metadata_props[:]
-    keep = {v.name for v in (*g.input, *g.output)}
+    keep = {v.name for v in io}
     names: dict[str, str] = {}
 
     def short(name: str) -> str:
