@@ -70,12 +70,17 @@ def test_pack_then_unpack_is_the_identity(bits):
     np.testing.assert_array_equal(unpack(packed, bits, 16), codes)
 
 
-def _decode_with_onnxruntime(t: PackedTable) -> np.ndarray:
-    nodes, inits = decoder(t, "table", "d_")
+def _decoder_model(t: PackedTable, **kw) -> onnx.ModelProto:
+    nodes, inits = decoder(t, "table", "d_", **kw)
     out = helper.make_tensor_value_info("table", TensorProto.FLOAT, list(t.values.shape))
     graph = helper.make_graph(nodes, "decode", [], [out], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     onnx.checker.check_model(model)
+    return model
+
+
+def _decode_with_onnxruntime(t: PackedTable, **kw) -> np.ndarray:
+    model = _decoder_model(t, **kw)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(["table"], {})[0]
 
@@ -93,6 +98,28 @@ def test_the_onnx_decoder_rebuilds_pytorchs_table_bit_for_bit(hot):
     assert t is not None
     np.testing.assert_array_equal(t.values, expected.numpy())
     np.testing.assert_array_equal(_decode_with_onnxruntime(t), expected.numpy())
+
+
+@pytest.mark.parametrize("hot", [0, 300])
+def test_exponents_stored_as_nibbles_decode_bit_for_bit_outliers_included(hot):
+    """Rows spanning 12 octaves: most exponents fall in their width's 16-step window, the rest
+    (1%) are stored whole; the decoder must rebuild every row, in far fewer bytes than one
+    exponent byte a row."""
+    rng = np.random.default_rng(hot)
+    rows = 8000
+    wide = rng.random(rows) < 0.01
+    scale = np.where(wide, 2.0 ** rng.uniform(-8, 4, rows), rng.uniform(0.8, 1.25, rows))
+    w = torch.as_tensor(rng.standard_normal((rows, 16)) * scale[:, None], dtype=torch.float32)
+    bits = torch.full((rows,), 2, dtype=torch.uint8)
+    bits[rng.permutation(rows)[:hot]] = 4
+    exps = choose_exponents(w, bits)
+    t = PackedTable(quantize_rows(w, bits, exps).numpy(), exps.numpy(), bits.numpy())
+    for group in [t.bits == b for b in np.unique(t.bits)]:  # outliers exist in every width
+        counts = np.bincount(t.exps[group].astype(int) + 128)
+        assert np.convolve(counts, np.ones(16, int), "valid").max() < group.sum()
+    np.testing.assert_array_equal(_decode_with_onnxruntime(t, nibbles_from=0), t.values)
+    as_bytes = _decoder_model(t, nibbles_from=rows + 1).ByteSize()
+    assert as_bytes - _decoder_model(t, nibbles_from=0).ByteSize() > rows / 4
 
 
 def _hot_table(hot_bits: int) -> PackedTable:
