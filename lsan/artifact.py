@@ -67,7 +67,9 @@ class Contract(Strict):
 class Check(Strict):
     """Export-time verification of one format (None: not measured)."""
 
-    bytes: int | None = None  # model.onnx of this format
+    # model.onnx of this format as verified, before export embeds the contract's properties
+    # (a few hundred bytes more; the shipped file's size is ArtifactMeta.model_onnx_bytes)
+    bytes: int | None = None
     max_abs_score_diff: float | None = None  # against PyTorch on a fixed batch
     top10_identical: bool | None = None
     top10_overlap: float | None = None
