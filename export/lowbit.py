@@ -6,8 +6,10 @@ exactly (c - L + 0.5) * 2^(e / 8). This format stores what defines them and noth
 - `codes` of the rows at each width, packed 8 / bits to a byte (low bits first), the rows of a
   width in id order (2 bits: 8 bytes a row at D = 32, against 21 in int4 with its scale and zero
   point, and 128 in fp32);
-- one exponent byte per row and the entries of the 256-step table that the rows use (a few
-  dozen floats), gathered, not computed, so the values are bit for bit PyTorch's;
+- one exponent per row, as a nibble in its width's 16-step window (the few rows outside it
+  stored whole; a byte a row for tables under NIBBLES_FROM rows), and the entries of the
+  256-step table that the rows use (a few dozen floats), gathered, not computed, so the values
+  are bit for bit PyTorch's;
 - with two widths, a bitmask (one bit per row) saying which rows are the hot ones.
 
 A decoder of standard ops (a 256-entry byte table built from a Range, Gather, Concat, CumSum,
