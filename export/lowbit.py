@@ -7,7 +7,7 @@ exactly (c - L + 0.5) * 2^(e / 8). This format stores what defines them and noth
   width in id order (2 bits: 8 bytes a row at D = 32, against 21 in int4 with its scale and zero
   point, and 128 in fp32);
 - one exponent per row, as a nibble in its width's 16-step window (the few rows outside it
-  stored whole; a byte a row for tables under NIBBLES_FROM rows), and the entries of the
+  stored whole; a byte a row where that is smaller, as in tiny tables), and the entries of the
   256-step table that the rows use (a few dozen floats), gathered, not computed, so the values
   are bit for bit PyTorch's;
 - with two widths, a bitmask (one bit per row) saying which rows are the hot ones.
@@ -44,11 +44,11 @@ from lsan.models import rowquant
 from lsan.models.item_tables import LowBitTable
 
 NEEDS_BITS = "needs a checkpoint trained with a low-bit item table (model.bits > 0)"
-# Exponents as nibbles from this many rows: the decoder's nine extra nodes and their constants
-# cost ~0.5 KB, half a byte a row saves rows / 2 (Beauty's 12,102 rows: 5.3-5.4 KB off the
-# file; ML-100K's 1,350: 0.2 KB). A trained width's exponents span 15-23 steps; 16 of them
-# hold all but 0-21 of Beauty's rows.
-NIBBLES_FROM = 1024
+# What storing the exponents as nibbles adds besides them (bytes): the decoder's nine extra
+# nodes and their constants, measured 480-560 B; each row outside its width's window adds 8
+# (its row and step as int32). Half a byte a row saves more on Beauty's 12,102 rows (5.1-5.5 KB
+# off the file) and ML-100K's 1,350 (0.2 KB); a tiny table keeps a byte a row.
+NIBBLE_COST_BYTES = 560
 
 
 @dataclass(frozen=True)
@@ -176,29 +176,24 @@ class _Nodes:
 
     def step_indices(self, at: np.ndarray, groups: list[np.ndarray], stacked: tuple | None) -> str:
         """Each row's index `at` into the steps the table uses (int32, id order), stored as one
-        nibble a row from the 16-step window that holds most of its width's rows; the few rows
-        outside it are stored whole and scattered in. `groups` are the widths' row masks, the
-        hot one first; `stacked` (positions, hot mask) from `order` when there are two."""
-        bases, offsets, fixes = [], [], []
-        for g in groups:
-            counts = np.bincount(at[g], minlength=at.max() + 16)
-            base = int(np.argmax(np.convolve(counts, np.ones(16, int), "valid")))
-            bases.append(base)
-            offsets.append(np.where((at[g] >= base) & (at[g] < base + 16), at[g] - base, 0))
-        off = self.vector(np.concatenate(offsets), 4)
+        nibble a row from its width's 16-step window (`windows`); the few rows outside it are
+        stored whole and scattered in. `groups` are the widths' row masks, the hot one first;
+        `stacked` (positions, hot mask) from `order` when there are two."""
+        assert (stacked is None) == (len(groups) == 1)
+        bases, inside = windows(at, groups)
+        off = self.vector(np.concatenate([np.where(i, at - b, 0)[g]
+                                          for g, b, i in zip(groups, bases, inside, strict=True)]), 4)  # fmt: skip
         if stacked is None:
             idx = self.op("Add", [off, self.const(np.array(bases[0], np.int32))])
         else:
             where, hot = stacked
-            base = self.op("Where", [hot, self.const(np.array(bases[0], np.int32)),
-                                     self.const(np.array(bases[1], np.int32))])  # fmt: skip
-            idx = self.op("Add", [self.op("Gather", [off, where], axis=0), base])
-        for g, b in zip(groups, bases):
-            fixes += [i for i in np.flatnonzero(g) if not b <= at[i] < b + 16]
-        if not fixes:
+            row_base = self.op("Where", [hot, self.const(np.array(bases[0], np.int32)),
+                                         self.const(np.array(bases[1], np.int32))])  # fmt: skip
+            idx = self.op("Add", [self.op("Gather", [off, where], axis=0), row_base])
+        outside = np.flatnonzero(~np.any(inside, axis=0)).astype(np.int32)
+        if not len(outside):
             return idx
-        rows = np.array(fixes, np.int32)
-        return self.op("ScatterElements", [idx, self.const(rows), self.const(at[rows])])
+        return self.op("ScatterElements", [idx, self.const(outside), self.const(at[outside])])
 
     def merged(self, hot_rows: str, cold_rows: str, stacked: tuple[str, str]) -> str:
         """The table's rows in id order from its hot rows and its cold rows (each in id order):
@@ -207,8 +202,19 @@ class _Nodes:
         return self.op("Gather", [both, stacked[0]], axis=0)
 
 
+def windows(at: np.ndarray, groups: list[np.ndarray]) -> tuple[list[int], np.ndarray]:
+    """Per group of rows, the start of the 16-step window holding most of its `at` values, and
+    (groups, rows) masks of the rows of each group inside its window."""
+    bases = []
+    for g in groups:
+        counts = np.bincount(at[g], minlength=at.max() + 16)
+        bases.append(int(np.argmax(np.convolve(counts, np.ones(16, int), "valid"))))
+    inside = np.stack([g & (at >= b) & (at < b + 16) for g, b in zip(groups, bases, strict=True)])
+    return bases, inside
+
+
 def decoder(
-    t: PackedTable, out: str, prefix: str, nibbles_from: int = NIBBLES_FROM
+    t: PackedTable, out: str, prefix: str, nibbles: bool | None = None
 ) -> tuple[list, list]:
     """Nodes and initializers that compute table `out` (R, D) float32 from `t`'s stored form.
 
@@ -233,9 +239,13 @@ def decoder(
     # only the steps the rows use (a trained table spans a few octaves of the 256): the same
     # float32 values as PyTorch's step_table(), indexed from the lowest exponent used
     lo, hi = int(t.exps.min()) + 128, int(t.exps.max()) + 128
-    if len(t.exps) >= nibbles_from:
-        groups = [t.bits == w for w in reversed(widths)]  # hot rows first, as stacked
-        at = n.step_indices(t.exps.astype(np.int32) + 128 - lo, groups, stacked)
+    at = t.exps.astype(np.int32) + 128 - lo
+    groups = [t.bits == w for w in reversed(widths)]  # hot rows first, as stacked
+    if nibbles is None:
+        outside = int((~np.any(windows(at, groups)[1], axis=0)).sum())
+        nibbles = len(at) - (len(at) + 1) // 2 > NIBBLE_COST_BYTES + 8 * outside
+    if nibbles:
+        at = n.step_indices(at, groups, stacked)
     else:
         at = n.op("Add", [n.op("Cast", [n.const(t.exps)], to=TensorProto.INT32),
                           n.const(np.array(128 - lo, np.int32))])  # fmt: skip

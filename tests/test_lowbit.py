@@ -117,9 +117,13 @@ def test_exponents_stored_as_nibbles_decode_bit_for_bit_outliers_included(hot):
     for group in [t.bits == b for b in np.unique(t.bits)]:  # outliers exist in every width
         counts = np.bincount(t.exps[group].astype(int) + 128)
         assert np.convolve(counts, np.ones(16, int), "valid").max() < group.sum()
-    np.testing.assert_array_equal(_decode_with_onnxruntime(t, nibbles_from=0), t.values)
-    as_bytes = _decoder_model(t, nibbles_from=rows + 1).ByteSize()
-    assert as_bytes - _decoder_model(t, nibbles_from=0).ByteSize() > rows / 4
+    np.testing.assert_array_equal(_decode_with_onnxruntime(t, nibbles=True), t.values)
+    as_bytes, as_nibbles = (_decoder_model(t, nibbles=x).ByteSize() for x in (False, True))
+    assert as_bytes - as_nibbles > rows / 4
+    assert _decoder_model(t).ByteSize() == as_nibbles  # the default takes the smaller
+    small = _hot_table(4)  # 64 rows: the nibbles' decoder costs more than it saves
+    assert _decoder_model(small).ByteSize() == _decoder_model(small, nibbles=False).ByteSize()
+    np.testing.assert_array_equal(_decode_with_onnxruntime(small, nibbles=True), small.values)
 
 
 def _hot_table(hot_bits: int) -> PackedTable:
@@ -294,6 +298,30 @@ def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(
     assert wide == []
     steps = [t for t in tensors if t.dtype == np.float32 and t.ndim == 1 and t.size > 1]
     assert max(t.size for t in steps) < 64  # only the steps used, not all 256
+
+
+def test_an_export_with_nibble_exponents_scores_exactly_as_with_exponent_bytes(
+    lowbit_ckpt, small_ds, tmp_path, monkeypatch
+):
+    """The nibbles pay only on large tables; forced on this small one, through export(), the
+    file must hold no exponent byte a row and score exactly as the default one."""
+
+    def run(name: str):
+        meta = export(
+            lowbit_ckpt, tmp_path / name, quant="lowbit", ds=small_ds, log=lambda *a: None
+        )
+        m = onnx.load(str(tmp_path / name / artifact.MODEL))
+        exps = [i for i in m.graph.initializer
+                if i.data_type == TensorProto.INT8 and list(i.dims) == [small_ds.num_items + 1]]  # fmt: skip
+        return meta.parity["lowbit"], exps
+
+    default, default_exps = run("bytes")
+    monkeypatch.setattr("lsan.export.lowbit.NIBBLE_COST_BYTES", -(10**9))
+    forced, forced_exps = run("nibbles")
+    assert len(default_exps) == 1 and forced_exps == []
+    assert forced.error is None and forced.top10_identical
+    assert forced.max_abs_score_diff == default.max_abs_score_diff
+    assert forced.test == default.test
 
 
 def test_lowbit_is_refused_for_a_float_table(small_ds, tmp_path):
