@@ -73,7 +73,7 @@ def freeze(model: nn.Module) -> PackedTable | None:
     table = getattr(model, "item_emb", None)
     if not isinstance(table, LowBitTable):
         return None
-    codes = table.freeze()
+    codes = table.freeze_to_grid()
     return PackedTable(
         codes.cpu().numpy(), table.row_exps.cpu().numpy(), table.row_bits.cpu().numpy()
     )

@@ -116,7 +116,7 @@ class LowBitTable(FullTable):
     fine-tunes on one fixed grid. A grid chosen anew moves rows the model had adapted to
     (re-choosing the steps of a trained Beauty table cost 0.0009 test NDCG@10, 0.0532 -> 0.0523),
     yet fine-tuning either way ended equal on Beauty (0.0533 fixed, 0.0532 refreshed).
-    `freeze()` replaces the weights by their quantized values once (the export traces those).
+    `freeze_to_grid()` replaces the weights by their quantized values once (the export traces those).
     """
 
     def __init__(
@@ -124,6 +124,8 @@ class LowBitTable(FullTable):
         refresh_steps: bool = True,
     ):  # fmt: skip
         super().__init__(num_items, dim)
+        self.row_bits: torch.Tensor  # buffers, declared for type checkers
+        self.row_exps: torch.Tensor
         for name, b in (("model.bits", bits), ("model.hot_bits", hot_bits)):
             if b not in rowquant.WIDTHS:
                 raise ValueError(f"{name} must be one of {rowquant.WIDTHS}, got {b}")
@@ -166,7 +168,7 @@ class LowBitTable(FullTable):
         return rowquant.fake_quantize(self.weight, self.row_bits, self.row_exps)
 
     @torch.no_grad()
-    def freeze(self) -> torch.Tensor:
+    def freeze_to_grid(self) -> torch.Tensor:
         """Weights := their quantized values, read as they are from now on; returns the codes."""
         codes = rowquant.quantize_rows(self.weight, self.row_bits, self.row_exps)
         if not self.frozen:

@@ -172,6 +172,7 @@ class TwinAttention(nn.Module):
         a dozen ONNX nodes (transposes, reshapes, the convolution, a concatenation)."""
         if self.conv is None:
             return
+        assert self.conv.conv.bias is not None  # the depth-wise convolution has a bias
         d = self.out.out_features
         split = self.heads * d
         w_conv = self.out.weight[:, split:].view(d, self.heads, d)  # [out, head, channel]
@@ -195,6 +196,7 @@ class TwinAttention(nn.Module):
         tq = q.shape[1]
         y, weights = attend(q, k, v, mask, self.heads, self.drop)
         if last and self.last_out is not None:  # folded: the window of the last L inputs
+            assert self.conv is not None  # fold_conv made last_out from it
             span = self.conv.kernel
             window = F.pad(x, (0, 0, span - 1, 0))[:, -span:]  # (B, L, D), zeros before t = 0
             y = self.last_out(torch.cat([y, window.reshape(-1, 1, span * d)], dim=-1))
@@ -281,6 +283,7 @@ class LSAN(nn.Module):
         temperature folded into the fusion query (ContextFusion)."""
         model = copy.deepcopy(self).eval()
         for block in model.blocks:
+            assert isinstance(block, TwinBlock)
             block.twin.fold_conv()
         one = torch.ones(1, 1, dtype=torch.long, device=self.pos_emb.weight.device)
         if self.base(one).shape[-2] == 1:
