@@ -174,13 +174,15 @@ class _Nodes:
         hot = self.op("Cast", [m], to=TensorProto.BOOL)
         return self.op("Where", [hot, hot_at, cold_at]), hot
 
-    def step_indices(self, at: np.ndarray, groups: list[np.ndarray], stacked: tuple | None) -> str:
+    def step_indices(
+        self, at: np.ndarray, groups: list[np.ndarray], found: tuple, stacked: tuple | None
+    ) -> str:
         """Each row's index `at` into the steps the table uses (int32, id order), stored as one
-        nibble a row from its width's 16-step window (`windows`); the few rows outside it are
-        stored whole and scattered in. `groups` are the widths' row masks, the hot one first;
-        `stacked` (positions, hot mask) from `order` when there are two."""
+        nibble a row from its width's 16-step window (`found`, from `windows`); the few rows
+        outside it are stored whole and scattered in. `groups` are the widths' row masks, the
+        hot one first; `stacked` (positions, hot mask) from `order` when there are two."""
         assert (stacked is None) == (len(groups) == 1)
-        bases, inside = windows(at, groups)
+        bases, inside = found
         off = self.vector(np.concatenate([np.where(i, at - b, 0)[g]
                                           for g, b, i in zip(groups, bases, inside, strict=True)]), 4)  # fmt: skip
         if stacked is None:
@@ -195,11 +197,11 @@ class _Nodes:
             return idx
         return self.op("ScatterElements", [idx, self.const(outside), self.const(at[outside])])
 
-    def merged(self, hot_rows: str, cold_rows: str, stacked: tuple[str, str]) -> str:
+    def merged(self, hot_rows: str, cold_rows: str, positions: str) -> str:
         """The table's rows in id order from its hot rows and its cold rows (each in id order):
-        one Gather of the two stacked, at the positions `order` computed."""
+        one Gather of the two stacked, at the `positions` that `order` computed."""
         both = self.op("Concat", [hot_rows, cold_rows], axis=0)
-        return self.op("Gather", [both, stacked[0]], axis=0)
+        return self.op("Gather", [both, positions], axis=0)
 
 
 def windows(at: np.ndarray, groups: list[np.ndarray]) -> tuple[list[int], np.ndarray]:
@@ -235,17 +237,18 @@ def decoder(
         is_hot = t.bits == widths[1]
         stacked = n.order(is_hot)
         rows = n.merged(rows_of(t.codes[is_hot], widths[1]), rows_of(t.codes[~is_hot], widths[0]),
-                        stacked)  # fmt: skip
+                        stacked[0])  # fmt: skip
     # only the steps the rows use (a trained table spans a few octaves of the 256): the same
     # float32 values as PyTorch's step_table(), indexed from the lowest exponent used
     lo, hi = int(t.exps.min()) + 128, int(t.exps.max()) + 128
     at = t.exps.astype(np.int32) + 128 - lo
     groups = [t.bits == w for w in reversed(widths)]  # hot rows first, as stacked
+    found = windows(at, groups)
     if nibbles is None:
-        outside = int((~np.any(windows(at, groups)[1], axis=0)).sum())
+        outside = int((~np.any(found[1], axis=0)).sum())
         nibbles = len(at) - (len(at) + 1) // 2 > NIBBLE_COST_BYTES + 8 * outside
     if nibbles:
-        at = n.step_indices(at, groups, stacked)
+        at = n.step_indices(at, groups, found, stacked)
     else:
         at = n.op("Add", [n.op("Cast", [n.const(t.exps)], to=TensorProto.INT32),
                           n.const(np.array(128 - lo, np.int32))])  # fmt: skip
