@@ -294,40 +294,91 @@ def host_line(ref: dict[str, Any], k: int, machine: dict[str, Any]) -> str:
     )
 
 
-def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = "") -> None:
-    from matplotlib.figure import Figure
+MARKERS = {"fp32": "o", "fp16": "s", "int8": "^", "int8-static": "v", "int4": "D", "lowbit": "*"}
+FAMILIES = {"sasrec": "SASRec", "lsan_full": "LSAN_full (twin block, full table)",
+            "lsan": "LSAN as published (compositional tables)"}  # fmt: skip
 
-    fig = Figure(figsize=(9, 5.5))
-    ax = fig.subplots()
-    markers = {
-        "fp32": "o",
-        "fp16": "s",
-        "int8": "^",
-        "int8-static": "v",
-        "int4": "D",
-        "lowbit": "*",
-    }
+
+def pareto(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points no other point beats on both axes: fewer or equal bytes and higher NDCG@10
+    (a tie in NDCG keeps the smaller file), in order of bytes."""
+    best, front = -1.0, []
+    for p in sorted(points, key=lambda p: (p["artifact_bytes"], -p["test_ndcg10"])):
+        if p["test_ndcg10"] > best:
+            front.append(p)
+            best = p["test_ndcg10"]
+    return front
+
+
+def zoom_bytes(points: list[dict[str, Any]], ref: dict[str, Any] | None) -> float:
+    """How far the zoomed panel reaches: 10% of the reference's bytes, or twice the smallest
+    file within 98% of its NDCG@10 where that is further (a small catalogue's encoder alone
+    can pass 10%: ML-100K's smallest such file is 16.5%)."""
+    if ref is None:
+        return float("inf")
+    near = [p["artifact_bytes"] for p in points if p["test_ndcg10"] >= 0.98 * ref["test_ndcg10"]]
+    return max(0.10 * ref["model_onnx_bytes"], 2 * min(near, default=0))
+
+
+def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = "") -> None:
+    """Bytes against accuracy, one colour per model family with its Pareto front drawn; the
+    right panel zooms into the device region (`zoom_bytes`) and names the front's files, where
+    the left one would be a pile of labels."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
+
     shown = [p for p in points if p["test_ndcg10"] is not None]
-    for name in sorted({p["name"] for p in shown}):
-        pts = sorted((p for p in shown if p["name"] == name), key=lambda p: p["artifact_bytes"])
-        line = ax.plot([p["artifact_bytes"] for p in pts], [p["test_ndcg10"] for p in pts], ":",
-                       alpha=0.6, label=name)[0]  # fmt: skip
-        for p in pts:
-            ax.scatter(p["artifact_bytes"], p["test_ndcg10"], color=line.get_color(),
-                       marker=markers.get(p["format"], "o"))  # fmt: skip
-            ax.annotate(p["format"], (p["artifact_bytes"], p["test_ndcg10"]), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
     ref = next((p for p in shown if p["name"] == reference and p["format"] == "fp32"), None)
-    if ref is not None:  # the device target: 5% of the reference's bytes at its accuracy
-        ax.axvline(0.05 * ref["model_onnx_bytes"], color="grey", ls="--", lw=0.8)
-        ax.axhline(ref["test_ndcg10"], color="grey", ls="--", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("artifact bytes, every file shipped (log scale)")
-    ax.set_ylabel("test NDCG@10 (onnxruntime on the file, full ranking)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig = Figure(figsize=(13, 5.5), layout="constrained")
+    whole, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.25]})
+    families = sorted({p["model"] for p in shown}, key=lambda m: list(FAMILIES).index(m)
+                      if m in FAMILIES else len(FAMILIES))  # fmt: skip
+    colours = {m: f"C{i}" for i, m in enumerate(families)}
+    budget = zoom_bytes(shown, ref)
+    region = [p for p in shown if p["artifact_bytes"] <= budget]
+    for ax in (whole, zoom):
+        pts = shown if ax is whole else region
+        for m in families:
+            mine = [p for p in pts if p["model"] == m]
+            for p in mine:
+                ax.scatter(p["artifact_bytes"], p["test_ndcg10"], color=colours[m], alpha=0.45,
+                           s=22, marker=MARKERS.get(p["format"], "o"), linewidths=0)  # fmt: skip
+            front = pareto(mine)
+            if front:
+                ax.step([p["artifact_bytes"] for p in front], [p["test_ndcg10"] for p in front],
+                        where="post", color=colours[m], lw=1.4,
+                        label=f"{FAMILIES.get(m, m)}: Pareto front")  # fmt: skip
+            if ax is zoom:
+                for i, p in enumerate(front):  # alternate sides: neighbours on a front are close
+                    name = row_name(p) + ("" if p["format"] == "lowbit" else f" {p['format']}")
+                    ax.annotate(name, (p["artifact_bytes"], p["test_ndcg10"]), fontsize=7,
+                                color=colours[m], xytext=(5, -10) if i % 2 else (-5, 4),
+                                ha="left" if i % 2 else "right", textcoords="offset points")  # fmt: skip
+        if ref is not None:  # the device target: 5% of the reference's bytes at its accuracy
+            ax.axvline(0.05 * ref["model_onnx_bytes"], color="grey", ls="--", lw=0.8)
+            ax.axhline(ref["test_ndcg10"], color="grey", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("artifact bytes, every file shipped (log scale)")
+        ax.grid(alpha=0.3, which="both")
+    if ref is not None:
+        whole.annotate(f"{reference} fp32", (ref["artifact_bytes"], ref["test_ndcg10"]),
+                       fontsize=7, xytext=(-60, 6), textcoords="offset points")  # fmt: skip
+        good = [p["test_ndcg10"] for p in region if p["test_ndcg10"] >= 0.8 * ref["test_ndcg10"]]
+        if good:  # the decisions happen near the reference's accuracy: leave the collapsed out
+            zoom.set_ylim(min(good) - 0.001, max(max(good), ref["test_ndcg10"]) + 0.001)
+        zoom.text(0.05 * ref["model_onnx_bytes"], zoom.get_ylim()[0], " 5% of its bytes",
+                  fontsize=7, color="grey", va="bottom")  # fmt: skip
+        zoom.text(zoom.get_xlim()[0], ref["test_ndcg10"], f" {reference} fp32's NDCG@10",
+                  fontsize=7, color="grey", va="bottom")  # fmt: skip
+    whole.set_ylabel("test NDCG@10 (onnxruntime on the file, full ranking)")
+    whole.set_title(f"{title}: every artifact")
+    share = f"{budget / ref['model_onnx_bytes']:.0%}" if ref is not None else "all"
+    zoom.set_title(f"<= {share} of the reference's bytes, within 80% of its NDCG@10")
+    whole.xaxis.set_minor_formatter(NullFormatter())  # a decade's minor labels collide
+    for fmt, marker in MARKERS.items():
+        if any(p["format"] == fmt for p in shown):
+            whole.scatter([], [], color="grey", marker=marker, label=fmt)
+    whole.legend(fontsize=7, loc="lower right")
     fig.savefig(path, dpi=130)
 
 

@@ -245,3 +245,15 @@ def test_rotation_refuses_a_bad_artifact_in_one_line(spec, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_the_pareto_front_keeps_only_files_nothing_beats_on_bytes_and_accuracy():
+    rows = [(300, 0.60), (100, 0.50), (150, 0.40), (200, 0.60), (200, 0.55), (400, 0.70),
+            (90, 0.30)]  # fmt: skip
+    points = [{"artifact_bytes": b, "test_ndcg10": n} for b, n in rows]
+    front = device_frontier.pareto(points)
+    # 150 is beaten by 100; 200/0.55 by 200/0.60; 300 only ties 200's accuracy with more bytes
+    assert [(p["artifact_bytes"], p["test_ndcg10"]) for p in front] == [
+        (90, 0.30), (100, 0.50), (200, 0.60), (400, 0.70),
+    ]  # fmt: skip
+    assert device_frontier.pareto([]) == []
