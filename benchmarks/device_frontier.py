@@ -311,9 +311,9 @@ def pareto(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def zoom_bytes(points: list[dict[str, Any]], ref: dict[str, Any] | None) -> float:
-    """How far the zoomed panel reaches: 10% of the reference's bytes, or twice the smallest
-    file within 98% of its NDCG@10 where that is further (a small catalogue's encoder alone
-    can pass 10%: ML-100K's smallest such file is 16.5%)."""
+    """How far the zoomed panel reaches: 10% of the reference's model.onnx bytes, or twice the
+    smallest file within 98% of its NDCG@10 where that is further (a small catalogue's encoder
+    alone can pass 10%: on ML-100K the smallest such file is 17% of it, so the zoom reaches 34%)."""
     if ref is None:
         return float("inf")
     near = [p["artifact_bytes"] for p in points if p["test_ndcg10"] >= 0.98 * ref["test_ndcg10"]]
@@ -385,8 +385,8 @@ def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.device_frontier", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--row", action="append", required=True, metavar="NAME=CKPT",
-                   help="a row: its name and checkpoint directory (repeat)")  # fmt: skip
+    p.add_argument("--row", action="append", default=[], metavar="NAME=CKPT",
+                   help="a row: its name and checkpoint directory (repeat; at least one)")  # fmt: skip
     p.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"])
     p.add_argument("--reference", default="sasrec-d64", help="row whose fp32 file is 100%%")
     p.add_argument("--name", required=True, help="results file stem, e.g. frontier-beauty")
@@ -397,7 +397,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=DEFAULT_K, help="top-K exported (the floor's TopK)")
     p.add_argument("--keep", action="store_true",
                    help="carry over the existing results' rows that this run does not measure")  # fmt: skip
+    p.add_argument("--plot-only", action="store_true",
+                   help="measure nothing: redraw NAME.png from the results' NAME.json")  # fmt: skip
     return p
+
+
+def stored_points(path: Path) -> list[dict[str, Any]]:
+    """A results file's rows as points (flat, like a measured one), without the comparisons
+    (`compare` computes them again); a row carried by that run keeps its `carried` commit."""
+    derived = ("bytes_vs_reference", "ndcg10_vs_reference", "best_sasrec_within_bytes",
+               "vs_best_sasrec_within_bytes", "fastest_sasrec_as_accurate",
+               "speedup_vs_that_sasrec")  # fmt: skip
+    points = []
+    for r in json.loads(path.read_text()):
+        ctx = {k: v for k, v in r.get("context", {}).items() if k not in derived}
+        points.append({k: v for k, v in r.items() if k != "context"} | ctx)
+    return points
 
 
 def carried(path: Path, measured: set[str]) -> list[dict[str, Any]]:
@@ -405,21 +420,24 @@ def carried(path: Path, measured: set[str]) -> list[dict[str, Any]]:
     (flat, like a measured one) marked `carried`; comparisons are computed again."""
     if not path.is_file():
         return []
-    derived = ("bytes_vs_reference", "ndcg10_vs_reference", "best_sasrec_within_bytes",
-               "vs_best_sasrec_within_bytes", "fastest_sasrec_as_accurate",
-               "speedup_vs_that_sasrec")  # fmt: skip
-    points = []
-    for r in json.loads(path.read_text()):
-        if r["name"] in measured:
-            continue
-        ctx = {k: v for k, v in r.get("context", {}).items() if k not in derived}
-        since = ctx.pop("carried", None) or r["commit"]
-        points.append({k: v for k, v in r.items() if k != "context"} | ctx | {"carried": since})
-    return points
+    return [p | {"carried": p.get("carried") or p["commit"]} for p in stored_points(path)
+            if p["name"] not in measured]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    out = Path(args.results)
+    if args.plot_only:
+        stored = out / f"{args.name}.json"
+        if not stored.is_file():
+            print(f"--plot-only: no results at {stored}", file=sys.stderr)
+            return 2
+        plot(stored_points(stored), out / f"{args.name}.png", args.name, args.reference)
+        print(f"redrew {out / f'{args.name}.png'} from {stored}")
+        return 0
+    if not args.row:
+        print("at least one --row NAME=CKPT is needed (or --plot-only)", file=sys.stderr)
+        return 2
     command = "python -m benchmarks.device_frontier " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
@@ -453,7 +471,6 @@ def main(argv: list[str] | None = None) -> int:
         p["commit"] = measured_at
         p["environment"] = host  # a carried row keeps the one of the run that measured it
     paired_with_reference(arts, points, args.reference, args.data_dir)
-    out = Path(args.results)
     if args.keep:
         points += carried(out / f"{args.name}.json", {name for name, _ in rows})
     compare(points, args.reference)

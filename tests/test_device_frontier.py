@@ -248,7 +248,7 @@ def test_rotation_refuses_a_bad_artifact_in_one_line(spec, message, capsys):
 
 
 def test_the_pareto_front_keeps_only_files_nothing_beats_on_bytes_and_accuracy():
-    rows = [(300, 0.60), (100, 0.50), (150, 0.40), (200, 0.60), (200, 0.55), (400, 0.70),
+    rows = [(300, 0.60), (100, 0.50), (150, 0.40), (200, 0.55), (200, 0.60), (400, 0.70),
             (90, 0.30)]  # fmt: skip
     points = [{"artifact_bytes": b, "test_ndcg10": n} for b, n in rows]
     front = device_frontier.pareto(points)
@@ -257,3 +257,16 @@ def test_the_pareto_front_keeps_only_files_nothing_beats_on_bytes_and_accuracy()
         (90, 0.30), (100, 0.50), (200, 0.60), (400, 0.70),
     ]  # fmt: skip
     assert device_frontier.pareto([]) == []
+
+
+def test_plot_only_redraws_the_picture_from_the_results_and_measures_nothing(frontier, capsys):
+    stored = (frontier / "tiny.json").read_text()
+    (frontier / "tiny.png").unlink()
+    args = ["--name", "tiny", "--results", str(frontier), "--reference", "big"]
+    assert device_frontier.main([*args, "--plot-only"]) == 0
+    assert (frontier / "tiny.png").stat().st_size > 10_000
+    assert (frontier / "tiny.json").read_text() == stored  # nothing measured or rewritten
+    assert device_frontier.main(["--name", "none", "--results", str(frontier), "--plot-only"]) == 2
+    assert "no results at" in capsys.readouterr().err
+    assert device_frontier.main(args) == 2  # a measuring run needs rows
+    assert "--row" in capsys.readouterr().err
