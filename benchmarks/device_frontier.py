@@ -372,8 +372,11 @@ def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = 
                   fontsize=7, color="grey", va="bottom")  # fmt: skip
     whole.set_ylabel("test NDCG@10 (onnxruntime on the file, full ranking)")
     whole.set_title(f"{title}: every artifact")
-    share = f"{budget / ref['model_onnx_bytes']:.0%}" if ref is not None else "all"
-    zoom.set_title(f"<= {share} of the reference's bytes, within 80% of its NDCG@10")
+    if ref is not None:
+        share = f"{budget / ref['model_onnx_bytes']:.0%}"
+        zoom.set_title(f"<= {share} of the reference's bytes, within 80% of its NDCG@10")
+    else:
+        zoom.set_title("every artifact, the fronts' files named (no reference row)")
     whole.xaxis.set_minor_formatter(NullFormatter())  # a decade's minor labels collide
     for fmt, marker in MARKERS.items():
         if any(p["format"] == fmt for p in shown):

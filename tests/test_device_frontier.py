@@ -266,6 +266,8 @@ def test_plot_only_redraws_the_picture_from_the_results_and_measures_nothing(fro
     assert device_frontier.main([*args, "--plot-only"]) == 0
     assert (frontier / "tiny.png").stat().st_size > 10_000
     assert (frontier / "tiny.json").read_text() == stored  # nothing measured or rewritten
+    no_ref = ["--name", "tiny", "--results", str(frontier), "--reference", "absent"]
+    assert device_frontier.main([*no_ref, "--plot-only"]) == 0  # no target lines, still a picture
     assert device_frontier.main(["--name", "none", "--results", str(frontier), "--plot-only"]) == 2
     assert "no results at" in capsys.readouterr().err
     assert device_frontier.main(args) == 2  # a measuring run needs rows
