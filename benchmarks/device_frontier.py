@@ -199,9 +199,14 @@ def item_table(cfg: dict[str, Any]) -> str:
     return f"full D={cfg.get('dim')}"
 
 
+def reference_row(points: list[dict[str, Any]], reference: str) -> dict[str, Any] | None:
+    """The reference row's fp32 file (100% of the bytes), if this run or its carried rows have it."""
+    return next((p for p in points if p["name"] == reference and p["format"] == "fp32"), None)
+
+
 def compare(points: list[dict[str, Any]], reference: str) -> None:
     """Add, per point: share of the reference's bytes, NDCG vs the reference, best SASRec <= bytes."""
-    ref = next((p for p in points if p["name"] == reference and p["format"] == "fp32"), None)
+    ref = reference_row(points, reference)
     sasrec = [p for p in points if p["model"] == "sasrec" and p["item_table"].startswith("full")
               and p["test_ndcg10"] is not None]  # fmt: skip
     for p in points:
@@ -257,7 +262,7 @@ def latency_table(points: list[dict[str, Any]], reference: str) -> str:
     """Cold and warm percentiles, the floor from the graph, and speed against the fastest SASRec
     artifact that is at least as accurate (and against the reference's fp32 file), each
     compared only with rows timed in the same run."""
-    ref = next((p for p in points if p["name"] == reference and p["format"] == "fp32"), None)
+    ref = reference_row(points, reference)
     head = ("| artifact | format | cold p50 / p95 / p99 ms | warm p50 / p95 / p99 ms | nodes "
             "| MFLOP | KB read | floor ms | warm p50 / floor | vs " + reference + " fp32 "
             "| fastest SASRec as accurate | speed vs it | peak RSS MiB (over imports) |\n|"
@@ -328,7 +333,7 @@ def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = 
     from matplotlib.ticker import NullFormatter
 
     shown = [p for p in points if p["test_ndcg10"] is not None]
-    ref = next((p for p in shown if p["name"] == reference and p["format"] == "fp32"), None)
+    ref = reference_row(shown, reference)
     fig = Figure(figsize=(13, 5.5), layout="constrained")
     whole, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.25]})
     families = sorted({p["model"] for p in shown}, key=lambda m: list(FAMILIES).index(m)

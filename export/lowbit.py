@@ -182,7 +182,7 @@ class _Nodes:
         outside it are stored whole and scattered in. `groups` are the widths' row masks, the
         hot one first; `stacked` (positions, hot mask) from `order` when there are two."""
         assert (stacked is None) == (len(groups) == 1)
-        bases, inside = found
+        bases, inside, outside = found
         off = self.vector(np.concatenate([np.where(i, at - b, 0)[g]
                                           for g, b, i in zip(groups, bases, inside, strict=True)]), 4)  # fmt: skip
         if stacked is None:
@@ -192,7 +192,6 @@ class _Nodes:
             row_base = self.op("Where", [hot, self.const(np.array(bases[0], np.int32)),
                                          self.const(np.array(bases[1], np.int32))])  # fmt: skip
             idx = self.op("Add", [self.op("Gather", [off, where], axis=0), row_base])
-        outside = np.flatnonzero(~np.any(inside, axis=0)).astype(np.int32)
         if not len(outside):
             return idx
         return self.op("ScatterElements", [idx, self.const(outside), self.const(at[outside])])
@@ -204,15 +203,16 @@ class _Nodes:
         return self.op("Gather", [both, positions], axis=0)
 
 
-def windows(at: np.ndarray, groups: list[np.ndarray]) -> tuple[list[int], np.ndarray]:
-    """Per group of rows, the start of the 16-step window holding most of its `at` values, and
-    (groups, rows) masks of the rows of each group inside its window."""
+def windows(at: np.ndarray, groups: list[np.ndarray]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Per group of rows, the start of the 16-step window holding most of its `at` values;
+    (groups, rows) masks of the rows of each group inside its window; the rows outside every
+    window (int32 ids), which are stored whole."""
     bases = []
     for g in groups:
         counts = np.bincount(at[g], minlength=at.max() + 16)
         bases.append(int(np.argmax(np.convolve(counts, np.ones(16, int), "valid"))))
     inside = np.stack([g & (at >= b) & (at < b + 16) for g, b in zip(groups, bases, strict=True)])
-    return bases, inside
+    return bases, inside, np.flatnonzero(~np.any(inside, axis=0)).astype(np.int32)
 
 
 def decoder(
@@ -245,8 +245,7 @@ def decoder(
     groups = [t.bits == w for w in reversed(widths)]  # hot rows first, as stacked
     found = windows(at, groups)
     if nibbles is None:
-        outside = int((~np.any(found[1], axis=0)).sum())
-        nibbles = len(at) - (len(at) + 1) // 2 > NIBBLE_COST_BYTES + 8 * outside
+        nibbles = len(at) - (len(at) + 1) // 2 > NIBBLE_COST_BYTES + 8 * len(found[2])
     if nibbles:
         at = n.step_indices(at, groups, found, stacked)
     else:
