@@ -23,8 +23,7 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/lsan demo
 
-test: install
-	$(BIN)/ruff check lsan export serving benchmarks tests
+test: lint
 	$(BIN)/python -m pytest
 
 lint: install

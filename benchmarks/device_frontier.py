@@ -127,6 +127,19 @@ def floors(arts: dict[str, Any], folders: dict[str, Path], k: int) -> dict[str, 
     return out
 
 
+def cold_caveat(work: dict[str, dict], cache_bytes: int) -> str | None:
+    """A warning when the timed files' constant bytes read by one request each, summed, fit in
+    the last-level cache (`cache_bytes`, 0 = unknown): then a rotation's "cold" calls find
+    every file's weights cached and the cold column measures nothing cold. None otherwise."""
+    files = {k: w for k, w in work.items() if not k.startswith("_")}
+    total = sum(w["bytes_read"] for w in files.values())
+    if not cache_bytes or total > cache_bytes:
+        return None
+    return (f"the {len(files)} files read {total / 1e6:.2f} MB a round together, within this CPU's "
+            f"{cache_bytes / (1 << 20):.0f} MiB last-level cache: their cold calls find the "
+            "weights cached, so the cold column is not cold (time more or larger files together)")  # fmt: skip
+
+
 def memory(folders: dict[str, Path], requests: int = 20) -> dict[str, dict]:
     """Peak RSS of a fresh serving process per artifact (on a device, what the OS must grant)."""
     from lsan.benchmarks.memory import peak_rss
@@ -491,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
     md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
     md += host_line(graph_work["_reference"], args.k, host["machine"])
+    caveat = cold_caveat(graph_work, host["machine"]["last_level_cache_bytes"])
+    if caveat:
+        print(f"warning: {caveat}", file=sys.stderr)
+        md += f"\nWarning: {caveat}.\n"
     if any(p.get("carried") for p in points):
         md += (
             "\nRows named with a commit in brackets are carried over from that commit's run "

@@ -51,6 +51,19 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache of cpu0 in bytes (Linux sysfs; 0 where unknown): what a rotation's
+    files must outgrow together before its "cold" calls find their weights outside the caches."""
+    best = 0
+    for size in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = size.read_text().strip().upper()
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * unit)
+    return best
+
+
 def git_commit() -> dict[str, Any]:
     try:
         head = subprocess.run(
@@ -95,6 +108,7 @@ def environment(command: str) -> dict[str, Any]:
             "simd": cpu["flags"],
             "cores": cores(),
             "memory_bytes": memory_bytes(),
+            "last_level_cache_bytes": last_level_cache_bytes(),
             "platform": platform.platform(),
             "python_executable": sys.executable,
         },

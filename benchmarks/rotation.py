@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lsan.artifact import ArtifactError, read
-from lsan.benchmarks.device_frontier import floors, timings
+from lsan.benchmarks.device_frontier import cold_caveat, floors, timings
 from lsan.benchmarks.env import environment, write_record
 from lsan.tables import markdown_table
 
@@ -109,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reference points: {ref['per_node_us']:.2f} us per graph node, {ref['topk_us']:.1f} us "
           f"for a top-{k}, {ref['peak_gflops_1core']:.0f} GFLOP/s one core")  # fmt: skip
     command = shlex.join(["python", "-m", "benchmarks.rotation", *(argv or sys.argv[1:])])
-    write_record({"environment": environment(command), "folders": {k: str(v) for k, v in folders.items()},
-                  "floors": work, "runs": runs, "table": table},
+    host = environment(command)
+    caveat = cold_caveat(work, host["machine"]["last_level_cache_bytes"])
+    if caveat:
+        print(f"warning: {caveat}", file=sys.stderr)
+    write_record({"environment": host, "folders": {k: str(v) for k, v in folders.items()},
+                  "floors": work, "runs": runs, "table": table, "cold_caveat": caveat},
                  Path(args.out) / f"{args.name}.json")  # fmt: skip
     return 0
 

@@ -228,9 +228,19 @@ def test_rotation_times_exported_folders_without_evaluating_them(frontier, tmp_p
         warm = [r[row["artifact"]]["warm"]["p50"] for r in rec["runs"]]
         assert (row["warm_p50_min"], row["warm_p50_max"]) == (min(warm), max(warm))
         assert row["cold_p50_min"] <= row["cold_p50_max"] <= row["cold_p99_max"]
-    out = capsys.readouterr().out
-    assert "| artifact" in out and "us per graph node" in out and "run 2 of 2" in out
-    assert "cold p50 <= 0.25 ms" in out and " of 2 runs" in out
+    out = capsys.readouterr()
+    assert "| artifact" in out.out and "us per graph node" in out.out and "run 2 of 2" in out.out
+    assert "cold p50 <= 0.25 ms" in out.out and " of 2 runs" in out.out
+    # two tiny files fit any last-level cache: the record and stderr say their cold is not cold
+    if rec["environment"]["machine"]["last_level_cache_bytes"]:
+        assert "cold column is not cold" in rec["cold_caveat"] and "warning:" in out.err
+
+
+def test_the_cold_caveat_compares_the_bytes_read_with_the_cache():
+    work = {"a": {"bytes_read": 600_000}, "b": {"bytes_read": 500_000}, "_reference": {}}
+    assert "the 2 files read 1.10 MB" in device_frontier.cold_caveat(work, 2 << 20)
+    assert device_frontier.cold_caveat(work, 1 << 20) is None  # they outgrow it: cold is cold
+    assert device_frontier.cold_caveat(work, 0) is None  # an unknown cache: no claim either way
 
 
 @pytest.mark.parametrize(
