@@ -79,13 +79,18 @@ def written(base: Path, formats: list[str]) -> dict[str, Path]:
     return {f: p for f, p in folders.items() if (p / "manifest.json").is_file()}
 
 
-def timings(arts: dict[str, Any], rounds: int = 20, calls: int = 20) -> dict[str, dict]:
+def timings(
+    arts: dict[str, Any], rounds: int = 20, calls: int = 20, evict_bytes: int = 0
+) -> dict[str, dict]:
     """Batch-1 full-history latency of every artifact, interleaved, in ms.
 
     cold: one call per artifact in turn (each call finds the caches holding the other
     artifacts' weights, as a device serving several models or doing other work would); warm:
     blocks of `calls` calls per artifact in turn. p50/p95/p99 of each, over `rounds` rounds.
+    `evict_bytes` > 0: before every cold call (untimed) a buffer that large is read through, so the
+    call finds its weights in memory, not in the caches, however few and small the files are.
     """
+    scratch = np.ones(max(evict_bytes, 0) // 8)  # written once: its pages are real, not zero
     x = {}
     for key, a in arts.items():
         x[key] = request_feeds(a.meta.info, batch=1, length=a.meta.info.max_len)
@@ -96,6 +101,8 @@ def timings(arts: dict[str, Any], rounds: int = 20, calls: int = 20) -> dict[str
     for _ in range(rounds):
         for _ in range(calls):
             for key, a in arts.items():
+                if scratch.size:
+                    scratch.sum()  # every line read (clean: nothing to write back later)
                 t0 = time.perf_counter()
                 a.session.run(["top_items", "top_scores"], x[key])
                 cold[key].append(time.perf_counter() - t0)
@@ -127,17 +134,19 @@ def floors(arts: dict[str, Any], folders: dict[str, Path], k: int) -> dict[str, 
     return out
 
 
-def cold_caveat(work: dict[str, dict], cache_bytes: int) -> str | None:
+def cold_caveat(work: dict[str, dict], cache_bytes: int, evict_bytes: int = 0) -> str | None:
     """A warning when the timed files' constant bytes read by one request each, summed, fit in
-    the last-level cache (`cache_bytes`, 0 = unknown): then a rotation's "cold" calls find
-    every file's weights cached and the cold column measures nothing cold. None otherwise."""
+    the last-level cache (`cache_bytes`, 0 = unknown) and nothing evicted it (`evict_bytes`):
+    then a rotation's "cold" calls find every file's weights cached and the cold column
+    measures nothing cold. None otherwise."""
     files = {k: w for k, w in work.items() if not k.startswith("_")}
     total = sum(w["bytes_read"] for w in files.values())
-    if not cache_bytes or total > cache_bytes:
+    if not cache_bytes or total > cache_bytes or evict_bytes >= cache_bytes:
         return None
     return (f"the {len(files)} files read {total / 1e6:.2f} MB a round together, within this CPU's "
             f"{cache_bytes / (1 << 20):.0f} MiB last-level cache: their cold calls find the "
-            "weights cached, so the cold column is not cold (time more or larger files together)")  # fmt: skip
+            "weights cached, so the cold column is not cold (time more or larger files together, "
+            "or evict the caches before each cold call: benchmarks.rotation --evict-mib)")  # fmt: skip
 
 
 def memory(folders: dict[str, Path], requests: int = 20) -> dict[str, dict]:

@@ -9,7 +9,9 @@ exist: on a new host, or a set of files whose accuracy is known, the latency tar
 checked without retraining anything, and files of the same architecture and format with other
 weights (a one-epoch twin of a checkpoint this machine lacks) stand in for it, since the time
 of a graph does not depend on its weights. Each of `--runs` runs is `device_frontier.timings`
-(cold: one call per artifact in turn; warm: blocks of calls; batch 1, full history, 1 thread);
+(cold: one call per artifact in turn, after reading through a buffer of `--evict-mib` when given, so
+that a few small files, which would share the caches, are timed cold too; warm: blocks of
+calls; batch 1, full history, 1 thread);
 the table gives each artifact's range over the runs, its floor (benchmarks.floor, one set of
 reference points measured first) and how many artifacts answer within `--cold-target` ms cold.
 Writes NAME.json (command, git commit, machine, every run) and prints the table.
@@ -84,11 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="interleaved runs (each of --rounds)")
     ap.add_argument("--rounds", type=int, default=20, help="rounds per run (x 20 calls each)")
     ap.add_argument("--cold-target", type=float, default=0.25, help="ms, batch 1 cold p50")
+    ap.add_argument("--evict-mib", type=int, default=0,
+                    help="read through a buffer this large (MiB) before every cold call, so a few small "
+                         "files are timed cold too (about 2x the last-level cache; 0 = off)")  # fmt: skip
     ap.add_argument("--name", default="rotation")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
-    if args.runs < 1 or args.rounds < 1 or args.cold_target <= 0:
-        ap.error("--runs and --rounds must be at least 1, --cold-target above 0")
+    if args.runs < 1 or args.rounds < 1 or args.cold_target <= 0 or args.evict_mib < 0:
+        ap.error(
+            "--runs and --rounds must be at least 1, --cold-target above 0, --evict-mib 0 or more"
+        )
     folders = parse_artifacts(args.artifact, ap)
     try:
         arts = {name: read(folder) for name, folder in folders.items()}
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     work = floors(arts, folders, k)
     runs = []
     for i in range(args.runs):
-        runs.append(timings(arts, rounds=args.rounds))
+        runs.append(timings(arts, rounds=args.rounds, evict_bytes=args.evict_mib << 20))
         c50 = [t["cold"]["p50"] for t in runs[-1].values()]
         print(f"run {i + 1} of {args.runs}: cold p50 {min(c50):.3f}-{max(c50):.3f} ms, "
               f"{sum(c <= args.cold_target for c in c50)} of {len(c50)} within {args.cold_target} ms")  # fmt: skip
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
           f"for a top-{k}, {ref['peak_gflops_1core']:.0f} GFLOP/s one core")  # fmt: skip
     command = shlex.join(["python", "-m", "benchmarks.rotation", *(argv or sys.argv[1:])])
     host = environment(command)
-    caveat = cold_caveat(work, host["machine"]["last_level_cache_bytes"])
+    caveat = cold_caveat(work, host["machine"]["last_level_cache_bytes"], args.evict_mib << 20)
     if caveat:
         print(f"warning: {caveat}", file=sys.stderr)
     write_record({"environment": host, "folders": {k: str(v) for k, v in folders.items()},

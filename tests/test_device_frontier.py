@@ -236,11 +236,33 @@ def test_rotation_times_exported_folders_without_evaluating_them(frontier, tmp_p
         assert "cold column is not cold" in rec["cold_caveat"] and "warning:" in out.err
 
 
+def test_rotation_evicts_the_caches_before_each_cold_call_when_asked(frontier, tmp_path, capsys):
+    """--evict-mib: a buffer read through before every cold call (twice the last-level cache
+    here) makes even two tiny files cold: slower than warm, and no caveat."""
+    from lsan.benchmarks import rotation
+    from lsan.benchmarks.env import last_level_cache_bytes
+
+    art = frontier.parent / "art"
+    mib = max(2 * last_level_cache_bytes() >> 20, 8)
+    args = ["--artifact", f"big-int8={art / 'big' / 'big-int8'}", "--artifact",
+            f"lowbit={art / 'lowbit' / 'lowbit-lowbit'}", "--runs", "1", "--rounds", "2",
+            "--evict-mib", str(mib), "--name", "evicted", "--out", str(tmp_path)]  # fmt: skip
+    assert rotation.main(args) == 0
+    rec = json.loads((tmp_path / "evicted.json").read_text())
+    assert rec["cold_caveat"] is None and "warning:" not in capsys.readouterr().err
+    for t in rec["runs"][0].values():
+        assert t["cold"]["p50"] > t["warm"]["p50"]
+    with pytest.raises(SystemExit) as e:
+        rotation.main([*args[:4], "--evict-mib", "-1"])
+    assert e.value.code == 2 and "--evict-mib 0 or more" in capsys.readouterr().err
+
+
 def test_the_cold_caveat_compares_the_bytes_read_with_the_cache():
     work = {"a": {"bytes_read": 600_000}, "b": {"bytes_read": 500_000}, "_reference": {}}
     assert "the 2 files read 1.10 MB" in device_frontier.cold_caveat(work, 2 << 20)
     assert device_frontier.cold_caveat(work, 1 << 20) is None  # they outgrow it: cold is cold
     assert device_frontier.cold_caveat(work, 0) is None  # an unknown cache: no claim either way
+    assert device_frontier.cold_caveat(work, 2 << 20, evict_bytes=4 << 20) is None  # evicted
 
 
 @pytest.mark.parametrize(
