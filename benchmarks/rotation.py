@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     if caveat:
         print(f"warning: {caveat}", file=sys.stderr)
     write_record({"environment": host, "folders": {k: str(v) for k, v in folders.items()},
-                  "floors": work, "runs": runs, "table": table, "cold_caveat": caveat},
+                  "floors": work, "runs": runs, "table": table, "evict_mib": args.evict_mib,
+                  "cold_caveat": caveat},
                  Path(args.out) / f"{args.name}.json")  # fmt: skip
     return 0
 

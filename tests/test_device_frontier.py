@@ -249,7 +249,8 @@ def test_rotation_evicts_the_caches_before_each_cold_call_when_asked(frontier, t
             "--evict-mib", str(mib), "--name", "evicted", "--out", str(tmp_path)]  # fmt: skip
     assert rotation.main(args) == 0
     rec = json.loads((tmp_path / "evicted.json").read_text())
-    assert rec["cold_caveat"] is None and "warning:" not in capsys.readouterr().err
+    assert rec["evict_mib"] == mib and rec["cold_caveat"] is None
+    assert "warning:" not in capsys.readouterr().err
     for t in rec["runs"][0].values():
         assert t["cold"]["p50"] > t["warm"]["p50"]
     with pytest.raises(SystemExit) as e:
