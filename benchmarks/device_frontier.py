@@ -149,6 +149,16 @@ def cold_caveat(work: dict[str, dict], cache_bytes: int, evict_bytes: int = 0) -
             "or evict the caches before each cold call: benchmarks.rotation --evict-mib)")  # fmt: skip
 
 
+def warn_if_cached(
+    work: dict[str, dict], machine: dict[str, Any], evict_bytes: int = 0
+) -> str | None:
+    """`cold_caveat` on the run's recorded machine, printed to stderr when there is one."""
+    caveat = cold_caveat(work, machine["last_level_cache_bytes"], evict_bytes)
+    if caveat:
+        print(f"warning: {caveat}", file=sys.stderr)
+    return caveat
+
+
 def memory(folders: dict[str, Path], requests: int = 20) -> dict[str, dict]:
     """Peak RSS of a fresh serving process per artifact (on a device, what the OS must grant)."""
     from lsan.benchmarks.memory import peak_rss
@@ -513,9 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
     md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
     md += host_line(graph_work["_reference"], args.k, host["machine"])
-    caveat = cold_caveat(graph_work, host["machine"]["last_level_cache_bytes"])
+    caveat = warn_if_cached(graph_work, host["machine"])
     if caveat:
-        print(f"warning: {caveat}", file=sys.stderr)
         md += f"\nWarning: {caveat}.\n"
     if any(p.get("carried") for p in points):
         md += (

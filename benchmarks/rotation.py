@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lsan.artifact import ArtifactError, read
-from lsan.benchmarks.device_frontier import cold_caveat, floors, timings
+from lsan.benchmarks.device_frontier import floors, timings, warn_if_cached
 from lsan.benchmarks.env import environment, write_record
 from lsan.tables import markdown_table
 
@@ -117,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
           f"for a top-{k}, {ref['peak_gflops_1core']:.0f} GFLOP/s one core")  # fmt: skip
     command = shlex.join(["python", "-m", "benchmarks.rotation", *(argv or sys.argv[1:])])
     host = environment(command)
-    caveat = cold_caveat(work, host["machine"]["last_level_cache_bytes"], args.evict_mib << 20)
-    if caveat:
-        print(f"warning: {caveat}", file=sys.stderr)
+    caveat = warn_if_cached(work, host["machine"], args.evict_mib << 20)
     write_record({"environment": host, "folders": {k: str(v) for k, v in folders.items()},
                   "floors": work, "runs": runs, "table": table, "evict_mib": args.evict_mib,
                   "cold_caveat": caveat},
