@@ -258,6 +258,43 @@ def test_rotation_evicts_the_caches_before_each_cold_call_when_asked(frontier, t
     assert e.value.code == 2 and "--evict-mib 0 or more" in capsys.readouterr().err
 
 
+def test_ort_format_converts_checks_and_times_each_artifact(frontier, tmp_path, capsys):
+    """benchmarks.ort_format: the reduced-build file (folded: the decoded weights, more bytes,
+    the same answers and about the same speed) and the unfolded one, beside model.onnx."""
+    import onnxruntime as ort
+
+    from lsan.benchmarks import ort_format
+
+    art = frontier.parent / "art"
+    files = {"int8": art / "big" / "big-int8", "lowbit": art / "lowbit" / "lowbit-lowbit"}
+    args = [a for n, f in files.items() for a in ("--artifact", f"{n}={f}")]
+    keep = tmp_path / "kept"
+    assert ort_format.main([*args, "--rounds", "2", "--requests", "8", "--keep", str(keep),
+                            "--name", "ortf", "--out", str(tmp_path)]) == 0  # fmt: skip
+    rec = json.loads((tmp_path / "ortf.json").read_text())
+    assert rec["environment"]["command"].startswith("python -m benchmarks.ort_format --artifact")
+    rows = {(r["artifact"], r["variant"]): r for r in rec["rows"]}
+    assert set(rows) == {(n, v) for n in files for v in ort_format.VARIANTS}
+    for (name, variant), r in rows.items():
+        onnx_bytes = (files[name] / "model.onnx").stat().st_size
+        assert r["model_bytes"] == round(r["x_onnx_bytes"] * onnx_bytes) and r["warm_p50_ms"] > 0
+        assert 0 < r["deflate_bytes"] < r["model_bytes"] and r["excluded_agree"]
+        assert r["max_abs_score_diff"] <= 1e-4 and r["top_k_identical"] == 1.0, (name, variant)
+        if variant == "onnx":
+            assert r["operators"] is None and r["x_onnx_warm"] == 1.0
+        else:  # what a reduced build must include to load the file, and the file loads
+            assert any("TopK" in line for line in r["operators"])
+            sub = "ort" if variant == "ort" else "raw"
+            ort.InferenceSession(str(keep / name / sub / "model.ort"))
+    # folding decoded the 2-bit grid and the 4-bit encoder into the file
+    assert rows["lowbit", "ort"]["model_bytes"] > 2 * rows["lowbit", "onnx"]["model_bytes"]
+    out = capsys.readouterr().out
+    assert "| artifact" in out and "ort-unoptimized" in out and "identical top-K" in out
+    with pytest.raises(SystemExit) as e:
+        ort_format.main([*args[:2], "--requests", "0"])
+    assert e.value.code == 2
+
+
 def test_the_cold_caveat_compares_the_bytes_read_with_the_cache():
     work = {"a": {"bytes_read": 600_000}, "b": {"bytes_read": 500_000}, "_reference": {}}
     assert "the 2 files read 1.10 MB" in device_frontier.cold_caveat(work, 2 << 20)
