@@ -8,8 +8,9 @@ Each row's checkpoint is exported once per format through the one export path (t
 fixes for every model, so optimised is compared with optimised); test HR/NDCG@10 come from
 onnxruntime on that exact file (export's own verification), bytes are every file shipped
 (`artifact_bytes`) beside model.onnx alone. Latency: batch 1, full history, 1 thread, cold
-(one call per artifact in turn) and warm (blocks of calls) p50/p95/p99 over interleaved rounds;
-`p50_ms` is the warm p50. Beside it the floor computed from the graph (benchmarks.floor), the
+(one call per artifact in turn; with `--evict-mib N` each after reading through N MiB, so that
+files which together fit the last-level cache are timed cold too) and warm (blocks of calls)
+p50/p95/p99 over interleaved rounds; `p50_ms` is the warm p50. Beside it the floor computed from the graph (benchmarks.floor), the
 speed against the fastest SASRec artifact that is at least as accurate and was timed in the
 same run (a carried row's latency belongs to another run's host state), and memory: the peak
 resident set of a fresh process that loads the artifact as the server does and answers requests
@@ -146,7 +147,7 @@ def cold_caveat(work: dict[str, dict], cache_bytes: int, evict_bytes: int = 0) -
     return (f"the {len(files)} files read {total / 1e6:.2f} MB a round together, within this CPU's "
             f"{cache_bytes / (1 << 20):.0f} MiB last-level cache: their cold calls find the "
             "weights cached, so the cold column is not cold (time more or larger files together, "
-            "or evict the caches before each cold call: benchmarks.rotation --evict-mib)")  # fmt: skip
+            "or evict the caches before each cold call: --evict-mib)")  # fmt: skip
 
 
 def warn_if_cached(
@@ -435,6 +436,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="")
     p.add_argument("--rounds", type=int, default=20, help="latency rounds (x 20 calls each)")
     p.add_argument("--k", type=int, default=DEFAULT_K, help="top-K exported (the floor's TopK)")
+    p.add_argument("--evict-mib", type=int, default=0,
+                   help="read through a buffer this large (MiB) before every cold call, so the "
+                        "cold column is cold however few the files (0 = off)")  # fmt: skip
     p.add_argument("--keep", action="store_true",
                    help="carry over the existing results' rows that this run does not measure")  # fmt: skip
     p.add_argument("--plot-only", action="store_true",
@@ -478,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.row:
         print("at least one --row NAME=CKPT is needed (or --plot-only)", file=sys.stderr)
         return 2
+    if args.evict_mib < 0:
+        print("--evict-mib must be 0 or more", file=sys.stderr)
+        return 2
     command = "python -m benchmarks.device_frontier " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
@@ -499,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{name}/{fmt}"
             folders[key], arts[key] = folder, read(folder)
             points.append(describe_row(name, ckpt, fmt, arts[key].meta))
-    times = timings(arts, rounds=args.rounds)
+    times = timings(arts, rounds=args.rounds, evict_bytes=args.evict_mib << 20)
     graph_work = floors(arts, folders, args.k)
     held = memory(folders)
     measured_at = host["commit"] or "unknown"  # environment() read it already
@@ -508,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         p |= {"cold": times[key]["cold"], "warm": times[key]["warm"], **graph_work[key],
               **held[key]}  # fmt: skip
         p["p50_ms"] = times[key]["warm"]["p50"]
+        p["evict_mib"] = args.evict_mib  # a carried row keeps the one of the run that timed it
         p["commit"] = measured_at
         p["environment"] = host  # a carried row keeps the one of the run that measured it
     paired_with_reference(arts, points, args.reference, args.data_dir)
@@ -523,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
     md = table(points, args.reference) + "\n" + latency_table(points, args.reference)
     md += host_line(graph_work["_reference"], args.k, host["machine"])
-    caveat = warn_if_cached(graph_work, host["machine"])
+    if args.evict_mib:
+        md += f"\nEvery cold call came after reading through {args.evict_mib} MiB (--evict-mib).\n"
+    caveat = warn_if_cached(graph_work, host["machine"], args.evict_mib << 20)
     if caveat:
         md += f"\nWarning: {caveat}.\n"
     if any(p.get("carried") for p in points):

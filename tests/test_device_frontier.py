@@ -8,6 +8,9 @@ from conftest import train_tiny
 
 from lsan.benchmarks import device_frontier, floor
 from lsan.benchmarks.device_frontier import RESULT_KEYS
+from lsan.benchmarks.env import last_level_cache_bytes
+
+EVICT_MIB = max(2 * last_level_cache_bytes() >> 20, 8)  # twice the cache: nothing of a file left
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +44,10 @@ def frontier(small_ds, tmp_path_factory):
         assert code == 0
         # a later run re-measures one row and carries the others over (--keep)
         shutil.copytree(root / "results", root / "kept")
-        code = device_frontier.main(
-            [*common, "--results", str(root / "kept"), "--keep", "--row", f"small={small}"]
-        )
+        code = device_frontier.main(  # and times its cold calls after evicting the caches
+            [*common, "--results", str(root / "kept"), "--keep", "--row", f"small={small}",
+             "--evict-mib", str(EVICT_MIB)]
+        )  # fmt: skip
     finally:
         device_frontier.export_row, device_frontier.dataset = export_all, load_all
     assert code == 0
@@ -60,10 +64,15 @@ def test_keep_carries_the_rows_a_run_does_not_measure(frontier):
         old = next(o for o in first if (o["name"], o["format"]) == (r["name"], r["format"]))
         if r["name"] == "small":  # measured again: its own latency and no carried mark
             assert "carried" not in r["context"] and r["p50_ms"] != old["p50_ms"]
+            assert r["context"]["evict_mib"] == EVICT_MIB  # its cold calls found nothing cached
+            assert r["context"]["cold"]["p50"] > r["context"]["warm"]["p50"]
         else:  # as it was, marked with the commit that measured it
             assert r["context"]["carried"] == old["commit"] and r["p50_ms"] == old["p50_ms"]
             assert r["context"]["frontier_command"] == old["context"]["frontier_command"]
-    assert "carried over" in (frontier.parent / "kept" / "tiny.md").read_text()
+            assert r["context"]["evict_mib"] == 0
+    md = (frontier.parent / "kept" / "tiny.md").read_text()
+    assert "carried over" in md and f"after reading through {EVICT_MIB} MiB (--evict-mib)" in md
+    assert "Warning:" not in md  # evicted: the cold column is cold
     # speeds are compared only within one interleaved run: measured with measured, carried
     # with the rows of its own run
     runs = {f"{r['name']} {r['format']}": r["context"].get("carried") for r in kept}
@@ -293,6 +302,11 @@ def test_ort_format_converts_checks_and_times_each_artifact(frontier, tmp_path, 
     with pytest.raises(SystemExit) as e:
         ort_format.main([*args[:2], "--requests", "0"])
     assert e.value.code == 2
+
+
+def test_frontier_refuses_a_negative_eviction(capsys):
+    assert device_frontier.main(["--name", "x", "--row", "a=b", "--evict-mib", "-1"]) == 2
+    assert "--evict-mib must be 0 or more" in capsys.readouterr().err
 
 
 def test_the_cold_caveat_compares_the_bytes_read_with_the_cache():
