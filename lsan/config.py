@@ -74,6 +74,8 @@ class TrainConfig:
     init: str = ""  # start from this checkpoint's weights where names and shapes match ("" = none)
     ema: float = 0.0  # decay of a per-step moving average of the weights, which is what is
     # evaluated, kept and exported (0 = off, the live weights; 0.99 averages about 100 steps)
+    freeze: str = ""  # parameters left as they start: ","-separated name prefixes ("" = none;
+    # "item_emb" holds a low-bit student's table while its encoder fine-tunes, "blocks,ln" the reverse)
 
     def __post_init__(self) -> None:
         validate(self, "train.")
@@ -164,6 +166,10 @@ RULES: dict[str, Rule] = {
     "train.kd_weight": _unit(high_open=False),
     "train.kd_temperature": _above(0),
     "train.ema": _unit(high_open=True),
+    "train.freeze": (
+        (lambda v: v == "" or all(p.strip() for p in v.split(","))),
+        "must be empty or parameter name prefixes separated by ','",
+    ),
     # eval
     "eval.ks": (_ks, "must be cut-offs >= 1 that include 10 (NDCG@10 selects the model)"),
     "eval.batch_size": _at_least(1),

@@ -29,7 +29,7 @@ from lsan.checkpoint import (
     save_tensors,
     write_json,
 )
-from lsan.config import RunConfig
+from lsan.config import ConfigError, RunConfig
 from lsan.data.batching import item_counts, train_tensors
 from lsan.data.prepare import SeqDataset, default_max_len, load_dataset
 from lsan.distill import (
@@ -57,6 +57,23 @@ def averaged(model: torch.nn.Module, decay: float) -> AveragedModel | None:
     if decay == 0:
         return None
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
+
+
+def freeze(model: torch.nn.Module, prefixes: str) -> list[str]:
+    """Leave the parameters whose names start with one of the ","-separated `prefixes` as they
+    start (no gradient, not in the optimizer); returns their names. A prefix that names no
+    parameter is an error, so a typo cannot silently train everything."""
+    wanted = [p.strip() for p in prefixes.split(",") if p.strip()]
+    names = [n for n, _ in model.named_parameters()]
+    for prefix in wanted:
+        if not any(n.startswith(prefix) for n in names):
+            raise ConfigError(f"train.freeze: '{prefix}' names no parameter of this model "
+                              f"(its parameters start with: {', '.join(sorted({n.split('.')[0] for n in names}))})")  # fmt: skip
+    frozen = [n for n, p in model.named_parameters() if any(n.startswith(w) for w in wanted)]
+    for n, p in model.named_parameters():
+        if n in frozen:
+            p.requires_grad_(False)
+    return frozen
 
 
 def current(model: torch.nn.Module, ema: AveragedModel | None) -> torch.nn.Module:
@@ -158,6 +175,7 @@ def train(
     trainable = getattr(model, "trainable", True)
     if not trainable:
         cast(Pop, model).fit_counts(torch.as_tensor(item_counts(ds)))
+    freeze(model, tc.freeze)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay) if params else None
     ema = averaged(model, tc.ema)

@@ -352,6 +352,42 @@ def test_init_starts_from_a_checkpoint_and_a_bad_one_is_a_clear_error(
     assert code != 0 and "train.init" in err and "Traceback" not in err
 
 
+def test_freeze_holds_the_named_parameters_and_a_prefix_naming_none_is_a_clear_error(
+    lowbit_ckpt, small_ds, tmp_path, capsys
+):
+    """train.freeze: the table held while the encoder fine-tunes, and the reverse."""
+    from lsan.checkpoint import load_model
+    from lsan.config import DataConfig, RunConfig, TrainConfig
+    from lsan.train import train
+
+    start = load_model(str(lowbit_ckpt))[0].state_dict()
+
+    def tuned(freeze: str) -> dict[str, torch.Tensor]:
+        run = RunConfig(data=DataConfig(dataset="synthetic", max_len=12), model_name="sasrec",
+                        model=model_config("sasrec", LOWBIT),
+                        train=TrainConfig(epochs=2, batch_size=64, device="cpu", lr=1e-2,
+                                          init=str(lowbit_ckpt), freeze=freeze))  # fmt: skip
+        out = tmp_path / (freeze.replace(",", "-") or "none")
+        train(run, out, progress=False, ds=small_ds)
+        return load_model(str(out))[0].state_dict()
+
+    def moved(sd: dict[str, torch.Tensor]) -> set[str]:
+        return {k for k, v in sd.items() if v.is_floating_point() and not torch.equal(v, start[k])}
+
+    everything = moved(tuned(""))
+    assert "item_emb.weight" in everything and any(k.startswith("blocks") for k in everything)
+    encoder_only = moved(tuned("item_emb"))
+    assert "item_emb.weight" not in encoder_only and any(
+        k.startswith("blocks") for k in encoder_only
+    )
+    table_only = moved(tuned("pos_emb,blocks,ln"))
+    assert table_only == {"item_emb.weight"}
+    code = lsan_main(["train", "--dataset", "synthetic", "--set", "train.freeze=blocks,nope",
+                      "--out", str(tmp_path / "x"), "--quiet", "--set", "train.epochs=1"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code != 0 and "train.freeze: 'nope' names no parameter" in err and "Traceback" not in err
+
+
 def test_a_fixed_grid_keeps_its_steps_across_epochs_and_a_refreshing_one_follows_the_weights():
     fixed, moving = LowBitTable(30, 8, 2, refresh_steps=False), LowBitTable(30, 8, 2)
     for t in (fixed, moving):
