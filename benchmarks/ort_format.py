@@ -41,11 +41,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from lsan.artifact import MODEL, Artifact, ArtifactError, read
+from lsan.artifact import MODEL, Artifact
 from lsan.benchmarks.device_frontier import timings
 from lsan.benchmarks.env import environment, write_record
 from lsan.benchmarks.latency import request_feeds
-from lsan.benchmarks.rotation import parse_artifacts
+from lsan.benchmarks.rotation import artifact_flags, read_artifacts
 from lsan.tables import markdown_table
 
 VARIANTS = ("onnx", "ort", "ort-unoptimized")
@@ -146,21 +146,14 @@ def shown(row: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ort_format",
                                  description=__doc__.splitlines()[0])  # fmt: skip
-    ap.add_argument("--artifact", action="append", required=True, metavar="NAME=FOLDER",
-                    help="an exported artifact folder; repeat for more")  # fmt: skip
+    artifact_flags(ap, "ort-format", "an exported artifact folder; repeat for more")
     ap.add_argument("--requests", type=int, default=64, help="random histories compared")
     ap.add_argument("--rounds", type=int, default=20, help="timing rounds (x 20 calls each)")
     ap.add_argument("--keep", default="", help="keep the converted files under this folder")
-    ap.add_argument("--name", default="ort-format")
-    ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
     if args.requests < 1 or args.rounds < 1:
         ap.error("--requests and --rounds must be at least 1")
-    folders = parse_artifacts(args.artifact, ap)
-    try:
-        arts = {name: read(folder) for name, folder in folders.items()}
-    except ArtifactError as e:
-        ap.error(str(e))
+    folders, arts = read_artifacts(args.artifact, ap)
     with contextlib.ExitStack() as stack:
         work = Path(args.keep or stack.enter_context(tempfile.TemporaryDirectory()))
         rows = measure(arts, work, args.requests, args.rounds)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lsan.artifact import ArtifactError, read
+from lsan.artifact import Artifact, ArtifactError, read
 from lsan.benchmarks.device_frontier import floors, timings, warn_if_cached
 from lsan.benchmarks.env import environment, write_record
 from lsan.tables import markdown_table
@@ -45,6 +45,26 @@ def parse_artifacts(specs: list[str], ap: argparse.ArgumentParser) -> dict[str, 
             ap.error(f"not an artifact folder (no model.onnx): {folder}")
         out[name] = Path(folder)
     return out
+
+
+def artifact_flags(ap: argparse.ArgumentParser, name: str, artifact_help: str) -> None:
+    """The flags every benchmark of existing folders takes: --artifact (repeated), --name, --out."""
+    ap.add_argument("--artifact", action="append", required=True, metavar="NAME=FOLDER",
+                    help=artifact_help)  # fmt: skip
+    ap.add_argument("--name", default=name, help="results file stem")
+    ap.add_argument("--out", default="benchmarks/results")
+
+
+def read_artifacts(
+    specs: list[str], ap: argparse.ArgumentParser
+) -> tuple[dict[str, Path], dict[str, Artifact]]:
+    """--artifact values -> ({name: folder}, {name: the artifact read and verified}); any bad
+    one is an argument error (one line) before anything is measured."""
+    folders = parse_artifacts(specs, ap)
+    try:
+        return folders, {name: read(folder) for name, folder in folders.items()}
+    except ArtifactError as e:
+        ap.error(str(e))
 
 
 def rows(runs: list[dict[str, dict]], work: dict[str, dict], cold_target: float) -> list[dict]:
@@ -81,26 +101,21 @@ def shown(row: dict[str, Any], cold_target: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.rotation",
                                  description=__doc__.splitlines()[0])  # fmt: skip
-    ap.add_argument("--artifact", action="append", required=True, metavar="NAME=FOLDER",
-                    help="an exported artifact folder; repeat for every file of the rotation")  # fmt: skip
+    artifact_flags(
+        ap, "rotation", "an exported artifact folder; repeat for every file of the rotation"
+    )
     ap.add_argument("--runs", type=int, default=3, help="interleaved runs (each of --rounds)")
     ap.add_argument("--rounds", type=int, default=20, help="rounds per run (x 20 calls each)")
     ap.add_argument("--cold-target", type=float, default=0.25, help="ms, batch 1 cold p50")
     ap.add_argument("--evict-mib", type=int, default=0,
                     help="read through a buffer this large (MiB) before every cold call, so a few small "
                          "files are timed cold too (about 2x the last-level cache; 0 = off)")  # fmt: skip
-    ap.add_argument("--name", default="rotation")
-    ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.rounds < 1 or args.cold_target <= 0 or args.evict_mib < 0:
         ap.error(
             "--runs and --rounds must be at least 1, --cold-target above 0, --evict-mib 0 or more"
         )
-    folders = parse_artifacts(args.artifact, ap)
-    try:
-        arts = {name: read(folder) for name, folder in folders.items()}
-    except ArtifactError as e:
-        ap.error(str(e))
+    folders, arts = read_artifacts(args.artifact, ap)
     k = min(a.meta.contract.k for a in arts.values())
     work = floors(arts, folders, k)
     runs = []
