@@ -119,6 +119,7 @@ BAD = {
     "train.ema": [("1", "must be in [0, 1)"), ("-0.5", "must be in [0, 1)")],
     "train.teacher_init": [("maybe", "cannot read 'maybe' as bool")],
     "train.init": [(3, "cannot read 3 as str")],
+    "train.freeze": [("blocks,,ln", "prefixes separated by ','"), (3, "cannot read 3 as str")],
     "eval.ks": [("5,20", "include 10"), ("0,10", ">= 1"), ("10,2.5", "cannot read '2.5' as int")],
     "eval.mask_seen": [("maybe", "cannot read 'maybe' as bool")],
     "eval.batch_size": [("0", "must be >= 1")],
