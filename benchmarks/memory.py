@@ -56,6 +56,23 @@ print(json.dumps({"peak_rss_kib": peak_kib(), "after_import_kib": imported, "tor
 """
 )
 
+# One model file (ONNX or ORT format) loaded into a one-thread session: how long the load takes
+# (the graph's optimisation and constant folding, or none for a pre-optimised ORT file) and
+# what the process holds at its peak, over its imports.
+LOAD = (
+    PEAK
+    + """
+import json, sys, time
+import onnxruntime as ort
+imported = peak_kib()
+opts = ort.SessionOptions()
+opts.intra_op_num_threads, opts.inter_op_num_threads, opts.log_severity_level = 1, 1, 3
+t0 = time.perf_counter()
+ort.InferenceSession(sys.argv[1], opts, providers=["CPUExecutionProvider"])
+print(json.dumps({"load_s": time.perf_counter() - t0, "peak_rss_kib": peak_kib(), "after_import_kib": imported}))
+"""
+)
+
 
 def run_script(script: str, *args: str, timeout: float = 600) -> dict[str, Any]:
     proc = subprocess.run(
@@ -82,6 +99,15 @@ def peak_rss(path: Path, requests: int) -> dict[str, Any]:
         "after_import_mib": r["after_import_kib"] / 1024,
         "torch_imported": r["torch_imported"],
     }
+
+
+def load_cost(model: Path, repeats: int = 3) -> dict[str, float]:
+    """Session load time (median of `repeats` fresh processes, ms) and the peak resident set
+    over the imports (MiB) of loading one model file."""
+    runs = [run_script(LOAD, str(model)) for _ in range(repeats)]
+    loads = sorted(r["load_s"] for r in runs)
+    over = max(r["peak_rss_kib"] - r["after_import_kib"] for r in runs)
+    return {"load_ms": loads[len(loads) // 2] * 1000, "rss_over_import_mib": over / 1024}
 
 
 def measure(artifacts: list[Artifact], requests: int, log=print) -> dict[str, Any]:

@@ -20,7 +20,9 @@ Each is checked against model.onnx over `--requests` random full histories (the 
 difference, and the share of identical top-K lists), sized as stored and deflated (zlib level 9,
 as an app package or a download would compress it), and timed with `device_frontier.timings`
 beside it (warm p50 / p99, interleaved, batch 1, 1 thread; not cold, since within an artifact
-each file's cold call follows its sibling's). `--keep DIR` keeps the converted files.
+each file's cold call follows its sibling's), and loaded in fresh processes (`memory.load_cost`:
+the session's load time, median of three, and the peak resident set over the imports: what an
+app pays at start). `--keep DIR` keeps the converted files.
 Writes NAME.json (command, git commit, machine, rows) and prints the table.
 """
 
@@ -45,6 +47,7 @@ from lsan.artifact import MODEL, Artifact
 from lsan.benchmarks.device_frontier import timings
 from lsan.benchmarks.env import environment, write_record
 from lsan.benchmarks.latency import request_feeds
+from lsan.benchmarks.memory import load_cost
 from lsan.benchmarks.rotation import artifact_flags, read_artifacts
 from lsan.tables import markdown_table
 
@@ -118,7 +121,7 @@ def measure(
                    "model_bytes": size, "x_onnx_bytes": size / onnx_bytes,
                    "deflate_bytes": len(zlib.compress(path.read_bytes(), 9)),
                    "operators": None if variant == "onnx" else operators(path)}  # fmt: skip
-            rows.append(row | answers(art, sess, requests))
+            rows.append(row | answers(art, sess, requests) | load_cost(path))
             timed[f"{name} {variant}"] = replace(art, session=sess)
     t = timings(timed, rounds=rounds)
     for row in rows:  # warm only: each file's cold call would follow its sibling's, warming it
@@ -140,6 +143,7 @@ def shown(row: dict[str, Any]) -> dict[str, Any]:
         "identical top-K": f"{row['top_k_identical']:.0%}",
         "warm p50 ms": f"{row['warm_p50_ms']:.3f}", "warm p99 ms": f"{row['warm_p99_ms']:.3f}",
         "x model.onnx warm": f"{row['x_onnx_warm']:.2f}",
+        "load ms": f"{row['load_ms']:.1f}", "RSS over imports MiB": f"{row['rss_over_import_mib']:.1f}",
     }  # fmt: skip
 
 

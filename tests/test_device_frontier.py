@@ -288,6 +288,7 @@ def test_ort_format_converts_checks_and_times_each_artifact(frontier, tmp_path, 
         onnx_bytes = (files[name] / "model.onnx").stat().st_size
         assert r["model_bytes"] == round(r["x_onnx_bytes"] * onnx_bytes) and r["warm_p50_ms"] > 0
         assert 0 < r["deflate_bytes"] < r["model_bytes"] and r["excluded_agree"]
+        assert r["load_ms"] > 0 and r["rss_over_import_mib"] > 0
         assert r["max_abs_score_diff"] <= 1e-4 and r["top_k_identical"] == 1.0, (name, variant)
         if variant == "onnx":
             assert r["operators"] is None and r["x_onnx_warm"] == 1.0
