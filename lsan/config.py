@@ -75,7 +75,7 @@ class TrainConfig:
     ema: float = 0.0  # decay of a per-step moving average of the weights, which is what is
     # evaluated, kept and exported (0 = off, the live weights; 0.99 averages about 100 steps)
     freeze: str = ""  # parameters left as they start: ","-separated name prefixes ("" = none;
-    # "item_emb" holds a low-bit student's table while its encoder fine-tunes, "blocks,ln" the reverse)
+    # "item_emb" holds a low-bit student's table while its encoder fine-tunes; "pos_emb,blocks,ln" the reverse)
 
     def __post_init__(self) -> None:
         validate(self, "train.")
