@@ -485,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.evict_mib < 0:
         print("--evict-mib must be 0 or more", file=sys.stderr)
         return 2
+    evict_bytes = args.evict_mib << 20
     command = "python -m benchmarks.device_frontier " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
@@ -506,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{name}/{fmt}"
             folders[key], arts[key] = folder, read(folder)
             points.append(describe_row(name, ckpt, fmt, arts[key].meta))
-    times = timings(arts, rounds=args.rounds, evict_bytes=args.evict_mib << 20)
+    times = timings(arts, rounds=args.rounds, evict_bytes=evict_bytes)
     graph_work = floors(arts, folders, args.k)
     held = memory(folders)
     measured_at = host["commit"] or "unknown"  # environment() read it already
@@ -533,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     md += host_line(graph_work["_reference"], args.k, host["machine"])
     if args.evict_mib:
         md += f"\nEvery cold call came after reading through {args.evict_mib} MiB (--evict-mib).\n"
-    caveat = warn_if_cached(graph_work, host["machine"], args.evict_mib << 20)
+    caveat = warn_if_cached(graph_work, host["machine"], evict_bytes)
     if caveat:
         md += f"\nWarning: {caveat}.\n"
     if any(p.get("carried") for p in points):

@@ -63,12 +63,10 @@ LOAD = (
     PEAK
     + """
 import json, sys, time
-import onnxruntime as ort
+from lsan.artifact import session
 imported = peak_kib()
-opts = ort.SessionOptions()
-opts.intra_op_num_threads, opts.inter_op_num_threads, opts.log_severity_level = 1, 1, 3
 t0 = time.perf_counter()
-ort.InferenceSession(sys.argv[1], opts, providers=["CPUExecutionProvider"])
+session(sys.argv[1], threads=1)
 print(json.dumps({"load_s": time.perf_counter() - t0, "peak_rss_kib": peak_kib(), "after_import_kib": imported}))
 """
 )

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from lsan.artifact import MODEL, Artifact
+from lsan.artifact import MODEL, Artifact, session
 from lsan.benchmarks.device_frontier import timings
 from lsan.benchmarks.env import environment, write_record
 from lsan.benchmarks.latency import request_feeds
@@ -110,12 +110,7 @@ def measure(
         files = {"onnx": art.path / MODEL, **convert(art.path / MODEL, work / name)}
         threads = art.session.get_session_options().intra_op_num_threads
         for variant, path in files.items():
-            if variant == "onnx":
-                sess = art.session
-            else:
-                opts = ort.SessionOptions()
-                opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-                sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            sess = art.session if variant == "onnx" else session(path, threads)
             size = path.stat().st_size
             row = {"artifact": name, "variant": variant, "format": art.meta.quantization,
                    "model_bytes": size, "x_onnx_bytes": size / onnx_bytes,
@@ -127,9 +122,9 @@ def measure(
     for row in rows:  # warm only: each file's cold call would follow its sibling's, warming it
         lat = t[f"{row['artifact']} {row['variant']}"]["warm"]
         row |= {"warm_p50_ms": lat["p50"], "warm_p99_ms": lat["p99"]}
+    onnx_warm = {r["artifact"]: r["warm_p50_ms"] for r in rows if r["variant"] == "onnx"}
     for row in rows:
-        base = next(r for r in rows if r["artifact"] == row["artifact"] and r["variant"] == "onnx")
-        row["x_onnx_warm"] = row["warm_p50_ms"] / base["warm_p50_ms"]
+        row["x_onnx_warm"] = row["warm_p50_ms"] / onnx_warm[row["artifact"]]
     return rows
 
 

@@ -116,11 +116,12 @@ def main(argv: list[str] | None = None) -> int:
             "--runs and --rounds must be at least 1, --cold-target above 0, --evict-mib 0 or more"
         )
     folders, arts = read_artifacts(args.artifact, ap)
+    evict_bytes = args.evict_mib << 20
     k = min(a.meta.contract.k for a in arts.values())
     work = floors(arts, folders, k)
     runs = []
     for i in range(args.runs):
-        runs.append(timings(arts, rounds=args.rounds, evict_bytes=args.evict_mib << 20))
+        runs.append(timings(arts, rounds=args.rounds, evict_bytes=evict_bytes))
         c50 = [t["cold"]["p50"] for t in runs[-1].values()]
         print(f"run {i + 1} of {args.runs}: cold p50 {min(c50):.3f}-{max(c50):.3f} ms, "
               f"{sum(c <= args.cold_target for c in c50)} of {len(c50)} within {args.cold_target} ms")  # fmt: skip
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
           f"for a top-{k}, {ref['peak_gflops_1core']:.0f} GFLOP/s one core")  # fmt: skip
     command = shlex.join(["python", "-m", "benchmarks.rotation", *(argv or sys.argv[1:])])
     host = environment(command)
-    caveat = warn_if_cached(work, host["machine"], args.evict_mib << 20)
+    caveat = warn_if_cached(work, host["machine"], evict_bytes)
     write_record({"environment": host, "folders": {k: str(v) for k, v in folders.items()},
                   "floors": work, "runs": runs, "table": table, "evict_mib": args.evict_mib,
                   "cold_caveat": caveat},

@@ -59,21 +59,19 @@ def averaged(model: torch.nn.Module, decay: float) -> AveragedModel | None:
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
 
 
-def freeze(model: torch.nn.Module, prefixes: str) -> list[str]:
+def freeze(model: torch.nn.Module, prefixes: str) -> None:
     """Leave the parameters whose names start with one of the ","-separated `prefixes` as they
-    start (no gradient, not in the optimizer); returns their names. A prefix that names no
-    parameter is an error, so a typo cannot silently train everything."""
-    wanted = [p.strip() for p in prefixes.split(",") if p.strip()]
-    names = [n for n, _ in model.named_parameters()]
+    start (no gradient, not in the optimizer). A prefix that names no parameter is an error, so
+    a typo cannot silently train everything."""
+    wanted = tuple(p.strip() for p in prefixes.split(",") if p.strip())
+    params = dict(model.named_parameters())
     for prefix in wanted:
-        if not any(n.startswith(prefix) for n in names):
+        if not any(n.startswith(prefix) for n in params):
             raise ConfigError(f"train.freeze: '{prefix}' names no parameter of this model "
-                              f"(its parameters start with: {', '.join(sorted({n.split('.')[0] for n in names}))})")  # fmt: skip
-    frozen = [n for n, p in model.named_parameters() if any(n.startswith(w) for w in wanted)]
-    for n, p in model.named_parameters():
-        if n in frozen:
+                              f"(its parameters start with: {', '.join(sorted({n.split('.')[0] for n in params}))})")  # fmt: skip
+    for name, p in params.items():
+        if wanted and name.startswith(wanted):
             p.requires_grad_(False)
-    return frozen
 
 
 def current(model: torch.nn.Module, ema: AveragedModel | None) -> torch.nn.Module:
