@@ -41,7 +41,7 @@ from lsan.export import ExportError
 from lsan.export.fold import producers, prune
 from lsan.export.int4 import attr
 from lsan.models import rowquant
-from lsan.models.item_tables import LowBitTable
+from lsan.models.item_tables import BIAS_BITS, LowBitTable
 
 NEEDS_BITS = "needs a checkpoint trained with a low-bit item table (model.bits > 0)"
 # What storing the exponents as nibbles adds besides them (bytes): the decoder's nine extra
@@ -58,6 +58,8 @@ class PackedTable:
     codes: np.ndarray  # (R, D) uint8
     exps: np.ndarray  # (R,) int8
     bits: np.ndarray  # (R,) uint8
+    bias_codes: np.ndarray | None = None  # (R,) uint8: the output bias at BIAS_BITS, if any
+    bias_exp: int = -128  # its step's exponent
 
     @property
     def values(self) -> np.ndarray:
@@ -67,15 +69,30 @@ class PackedTable:
             torch.as_tensor(self.codes), torch.as_tensor(self.exps), torch.as_tensor(self.bits)
         ).numpy()
 
+    @property
+    def bias_values(self) -> np.ndarray | None:
+        """(R,) float32, the frozen output bias as PyTorch evaluated it (None without one)."""
+        if self.bias_codes is None:
+            return None
+        return rowquant.dequantize_rows(
+            torch.as_tensor(self.bias_codes)[None], torch.tensor([self.bias_exp], dtype=torch.int8),
+            torch.tensor([BIAS_BITS], dtype=torch.uint8),
+        )[0].numpy()  # fmt: skip
+
 
 def freeze(model: nn.Module) -> PackedTable | None:
     """Freeze a low-bit item table to its quantized values (None for any other table)."""
     table = getattr(model, "item_emb", None)
     if not isinstance(table, LowBitTable):
         return None
+    bias = (
+        (table.bias_codes().cpu().numpy(), int(table.bias_exp[0]))
+        if table.bias is not None
+        else (None, -128)
+    )
     codes = table.freeze_to_grid()
     return PackedTable(
-        codes.cpu().numpy(), table.row_exps.cpu().numpy(), table.row_bits.cpu().numpy()
+        codes.cpu().numpy(), table.row_exps.cpu().numpy(), table.row_bits.cpu().numpy(), *bias
     )
 
 
@@ -352,19 +369,44 @@ def integer_lookups(model: onnx.ModelProto, table: str) -> int:
 
 def replace_table(model: onnx.ModelProto, t: PackedTable) -> str:
     """Swap the float initializer holding `t.values` for its decoder; the initializer's name."""
-    graph, values = model.graph, t.values
+    return _swap(model, t.values, "item table", lambda name: decoder(t, name, f"{name}_lb_"))
+
+
+def _swap(model: onnx.ModelProto, values: np.ndarray, what: str, build) -> str:
+    """Swap the float initializer holding `values` for the nodes and initializers that
+    `build(name)` returns (computing it); the initializer's name."""
+    graph = model.graph
     for i, init in enumerate(graph.initializer):
         if list(init.dims) != list(values.shape) or init.data_type != TensorProto.FLOAT:
             continue
         if np.array_equal(numpy_helper.to_array(init), values):
-            nodes, inits = decoder(t, init.name, prefix=f"{init.name}_lb_")
+            nodes, inits = build(init.name)
             del graph.initializer[i]
             graph.initializer.extend(inits)
             rest = list(graph.node)
             del graph.node[:]
             graph.node.extend(nodes + rest)
             return init.name
-    raise ExportError("the low-bit item table was not found in the exported graph")
+    raise ExportError(f"the low-bit {what} was not found in the exported graph")
+
+
+def replace_bias(model: onnx.ModelProto, t: PackedTable) -> str | None:
+    """Swap the float output bias for its BIAS_BITS codes (packed) and one step, decoded at load
+    as (c - L + 0.5) * step: PyTorch's values bit for bit. None without a bias."""
+    values = t.bias_values
+    if values is None or t.bias_codes is None:
+        return None
+    codes = t.bias_codes
+
+    def build(name: str) -> tuple[list, list]:
+        n = _Nodes(f"{name}_lb_")
+        c = n.op("Cast", [n.vector(codes, BIAS_BITS)], to=TensorProto.FLOAT)
+        c = n.op("Add", [c, n.const(np.array(0.5 - 2 ** (BIAS_BITS - 1), np.float32))])
+        step = rowquant.step_table().numpy()[t.bias_exp + 128]
+        n.op("Mul", [c, n.const(np.array(step, np.float32))], name)
+        return n.nodes, n.inits
+
+    return _swap(model, values, "output bias", build)
 
 
 def quantize_lowbit(fp32: Path, out: Path, t: PackedTable | None) -> None:
@@ -375,6 +417,7 @@ def quantize_lowbit(fp32: Path, out: Path, t: PackedTable | None) -> None:
 
     model = onnx.load(str(fp32))
     table = replace_table(model, t)
+    replace_bias(model, t)
     integer_scores(model, table)
     integer_lookups(model, table)
     with tempfile.TemporaryDirectory() as tmp:

@@ -174,7 +174,11 @@ def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
 
     Unlike `teacher_init` the item table is taken too: a low-bit student (`model.bits`) starts
     from a trained float model of its own D and only learns to live on the grid. Buffers that
-    describe the student's own layout (a low-bit table's row widths) are never taken.
+    describe the student's own layout (a low-bit table's row widths) are never taken. From a
+    low-bit checkpoint of the same widths the row steps are kept as it evaluated them (with
+    `model.refresh_steps=false` and the table held, the grid stays exactly the source's: a
+    later stage such as an output bias fitted alone starts from the same model); otherwise
+    they are chosen for the weights just taken.
     """
     from lsan.checkpoint import CheckpointError, load_model
 
@@ -190,7 +194,12 @@ def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
         raise TeacherError(f"train.init {path} ({run.model_name}) shares no tensor with this model")
     model.load_state_dict({**own, **{k: theirs[k].to(own[k].device) for k in taken}})
     table = getattr(model, "item_emb", None)
-    if isinstance(table, LowBitTable):
+    widths = theirs.get("item_emb.row_bits")
+    same_grid = (
+        "item_emb.row_exps" in taken and widths is not None
+        and torch.equal(widths.cpu(), own["item_emb.row_bits"].cpu())
+    )  # fmt: skip
+    if isinstance(table, LowBitTable) and not same_grid:
         table.refresh()  # steps for the weights just taken
     return {"path": path, "sha256": file_digest(Path(path) / "model.pt"),
             "tensors": len(taken), "of": len(own)}  # fmt: skip

@@ -141,6 +141,7 @@ MODEL_BAD = {
     "bits": [("3", "must be 0 (float), 1, 2, 4 or 8"), ("-1", "must be 0")],
     "hot_rows": [("-1", "must be >= 0")],
     "refresh_steps": [("maybe", "cannot read 'maybe' as bool")],
+    "item_bias": [("maybe", "cannot read 'maybe' as bool")],
     "hot_bits": [("0", "must be 1, 2, 4 or 8"), ("16", "must be 1, 2, 4 or 8")],
     "n_h": [("-1", "must be >= 0")],
     "n_v": [("-1", "must be >= 0")],

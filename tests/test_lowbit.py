@@ -403,3 +403,93 @@ def test_a_fixed_grid_keeps_its_steps_across_epochs_and_a_refreshing_one_follows
             assert torch.all((t.row_exps.long() - before.long())[1:] == 16)
         else:
             assert torch.all(moved == 16)
+
+
+def test_an_output_bias_trains_on_its_own_grid_and_ships_in_half_a_byte_an_item(small_ds, tmp_path):
+    ck = train_tiny("sasrec", {**LOWBIT, "item_bias": True}, small_ds, tmp_path / "ck", epochs=3)
+    model, _, _ = load_model(ck)
+    t = model.item_emb
+    four = torch.tensor([4], dtype=torch.uint8)
+    on_grid = dequantize_rows(t.bias_codes()[None], t.bias_exp, four)[0]
+    assert on_grid.abs().max() > 1e-3  # it learned something, on 16 levels of one step
+    h = torch.randn(3, LOWBIT["dim"])
+    with torch.no_grad():  # evaluation's reads (with gradients on, the straight-through sum)
+        torch.testing.assert_close(t.output_bias(), on_grid, rtol=0, atol=0)
+        torch.testing.assert_close(t.scores(h) - h @ t.matrix().T, on_grid.expand(3, -1))
+        ids = torch.tensor([[1, 5, 9]] * 3)
+        torch.testing.assert_close(t.score_ids(h, ids), t.scores(h).gather(1, ids))
+    meta = export(ck, tmp_path / "art", quant="lowbit", ds=small_ds, log=lambda *a: None)
+    low = meta.parity["lowbit"]
+    assert low.error is None and low.top10_identical and low.max_abs_score_diff < 5e-3
+    m = onnx.load(str(tmp_path / "art" / artifact.MODEL))
+    rows = small_ds.num_items + 1
+    assert not [i for i in m.graph.initializer
+                if i.data_type == TensorProto.FLOAT and i.dims and rows in i.dims]  # fmt: skip
+
+
+def test_the_bias_decoder_rebuilds_pytorchs_values_bit_for_bit():
+    from lsan.export.lowbit import replace_bias
+
+    bias = torch.randn(31) * 0.3
+    four = torch.tensor([4], dtype=torch.uint8)
+    exp = choose_exponents(bias[None], four)
+    codes = quantize_rows(bias[None], four, exp)[0]
+    t = PackedTable(np.zeros((31, 8), np.uint8), np.zeros(31, np.int8), np.full(31, 2, np.uint8),
+                    codes.numpy(), int(exp[0]))  # fmt: skip
+    values = dequantize_rows(codes[None], exp, four)[0].numpy()
+    np.testing.assert_array_equal(t.bias_values, values)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [31])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [31])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "g", [x], [y],
+                              [onnx.numpy_helper.from_array(values, "b")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert replace_bias(model, t) == "b"
+    assert not [i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT and i.dims]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (out,) = sess.run(None, {"x": np.zeros(31, np.float32)})
+    np.testing.assert_array_equal(out, values)
+
+
+def test_a_bias_fitted_alone_keeps_the_students_grid_and_everything_else(
+    lowbit_ckpt, small_ds, tmp_path
+):
+    """The recipe's last stage: `--init STUDENT --set model.item_bias=true --set
+    model.refresh_steps=false --set train.freeze=item_emb.weight,pos_emb,blocks,ln`."""
+    from lsan.config import DataConfig, RunConfig, TrainConfig
+    from lsan.train import train
+
+    run = RunConfig(
+        data=DataConfig(dataset="synthetic", max_len=12), model_name="sasrec",
+        model=model_config("sasrec", {**LOWBIT, "item_bias": True, "refresh_steps": False}),
+        train=TrainConfig(epochs=2, batch_size=64, device="cpu", lr=1e-2, init=str(lowbit_ckpt),
+                          freeze="item_emb.weight,pos_emb,blocks,ln"),
+    )  # fmt: skip
+    train(run, tmp_path / "bias", progress=False, ds=small_ds)
+    student, _, _ = load_model(lowbit_ckpt)
+    fitted, _, _ = load_model(tmp_path / "bias")
+    mine, theirs = fitted.state_dict(), student.state_dict()
+    assert set(mine) - set(theirs) == {"item_emb.bias", "item_emb.bias_exp"}
+    for name, value in theirs.items():  # the grid too: the rows' steps as the student chose them
+        torch.testing.assert_close(mine[name], value, rtol=0, atol=0, msg=name)
+    assert fitted.item_emb.bias.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("table", ["qr", "codes"])
+def test_an_output_bias_is_refused_for_a_compositional_table(table):
+    from lsan.models import DataInfo
+
+    with pytest.raises(ValueError, match="model.item_bias needs model.item_table=full"):
+        build_model("sasrec", model_config("sasrec", {"dim": 16, "item_table": table,
+                                                      "item_bias": True}), DataInfo(30, 2, 2, 8))  # fmt: skip
+
+
+def test_a_float_tables_output_bias_learns_and_exports_in_every_format(small_ds, tmp_path):
+    cfg = {"dim": 16, "layers": 1, "item_bias": True}
+    ck = train_tiny("sasrec", cfg, small_ds, tmp_path / "ck", epochs=3)
+    model, _, _ = load_model(ck)
+    assert model.item_emb.bias.abs().max() > 1e-3
+    meta = export(ck, tmp_path / "art", quant="auto", ds=small_ds, log=lambda *a: None,
+                  formats=("fp32", "int8", "int4"))  # fmt: skip
+    fp32 = meta.parity["fp32"]
+    assert fp32.max_abs_score_diff < 1e-4 and fp32.top10_identical
+    assert all(c.error is None for c in meta.parity.values())
