@@ -226,10 +226,11 @@ def item_table(cfg: dict[str, Any]) -> str:
     if kind in ("codes", "pq"):
         own = f" +{cfg['own_rows']} own" if cfg.get("own_rows") else ""
         return f"{kind} {cfg['tables']}x{cfg['code_size']} ({cfg['codes_from']}){own}"
+    bias = " +bias" if cfg.get("item_bias") else ""  # model.item_bias: an output bias per item
     if cfg.get("bits"):  # not a plain SASRec baseline: its table was trained on a low-bit grid
         hot = f" +{cfg['hot_rows']} at {cfg['hot_bits']}-bit" if cfg.get("hot_rows") else ""
-        return f"lowbit D={cfg.get('dim')} {cfg['bits']}-bit{hot}"
-    return f"full D={cfg.get('dim')}"
+        return f"lowbit D={cfg.get('dim')} {cfg['bits']}-bit{hot}{bias}"
+    return f"full D={cfg.get('dim')}{bias}"
 
 
 def reference_row(points: list[dict[str, Any]], reference: str) -> dict[str, Any] | None:

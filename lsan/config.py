@@ -76,6 +76,8 @@ class TrainConfig:
     # evaluated, kept and exported (0 = off, the live weights; 0.99 averages about 100 steps)
     freeze: str = ""  # parameters left as they start: ","-separated name prefixes ("" = none;
     # "item_emb" holds a low-bit student's table while its encoder fine-tunes; "pos_emb,blocks,ln" the reverse)
+    train_only: str = ""  # the complement: only these prefixes train, everything else is held
+    # ("item_emb.bias": an output bias fitted alone on a trained model, whatever its encoder)
 
     def __post_init__(self) -> None:
         validate(self, "train.")
@@ -133,6 +135,10 @@ def _one_of(*choices: str) -> Rule:
     return (lambda v: v in choices), f"unknown {{name}} {{value!r}} (known: {', '.join(choices)})"
 
 
+def _prefixes(v: str) -> bool:
+    return v == "" or all(p.strip() for p in v.split(","))
+
+
 def _ks(v: tuple[int, ...]) -> bool:
     return len(v) > 0 and all(k >= 1 for k in v) and 10 in v
 
@@ -166,10 +172,8 @@ RULES: dict[str, Rule] = {
     "train.kd_weight": _unit(high_open=False),
     "train.kd_temperature": _above(0),
     "train.ema": _unit(high_open=True),
-    "train.freeze": (
-        (lambda v: v == "" or all(p.strip() for p in v.split(","))),
-        "must be empty or parameter name prefixes separated by ','",
-    ),
+    "train.freeze": (_prefixes, "must be empty or parameter name prefixes separated by ','"),
+    "train.train_only": (_prefixes, "must be empty or parameter name prefixes separated by ','"),
     # eval
     "eval.ks": (_ks, "must be cut-offs >= 1 that include 10 (NDCG@10 selects the model)"),
     "eval.batch_size": _at_least(1),

@@ -59,18 +59,23 @@ def averaged(model: torch.nn.Module, decay: float) -> AveragedModel | None:
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
 
 
-def freeze(model: torch.nn.Module, prefixes: str) -> None:
+def freeze(model: torch.nn.Module, prefixes: str, train_only: str = "") -> None:
     """Leave the parameters whose names start with one of the ","-separated `prefixes` as they
-    start (no gradient, not in the optimizer). A prefix that names no parameter is an error, so
-    a typo cannot silently train everything."""
-    wanted = tuple(p.strip() for p in prefixes.split(",") if p.strip())
+    start (no gradient, not in the optimizer), or, with `train_only`, every parameter but those
+    it names. A prefix that names no parameter is an error, so a typo cannot silently train
+    everything (or nothing)."""
+    if prefixes and train_only:
+        raise ConfigError("train.freeze and train.train_only name the same thing two ways: "
+                          "set one of them")  # fmt: skip
+    field, text = ("train.train_only", train_only) if train_only else ("train.freeze", prefixes)
+    wanted = tuple(p.strip() for p in text.split(",") if p.strip())
     params = dict(model.named_parameters())
     for prefix in wanted:
         if not any(n.startswith(prefix) for n in params):
-            raise ConfigError(f"train.freeze: '{prefix}' names no parameter of this model "
+            raise ConfigError(f"{field}: '{prefix}' names no parameter of this model "
                               f"(its parameters start with: {', '.join(sorted({n.split('.')[0] for n in params}))})")  # fmt: skip
     for name, p in params.items():
-        if wanted and name.startswith(wanted):
+        if wanted and name.startswith(wanted) != bool(train_only):
             p.requires_grad_(False)
 
 
@@ -173,7 +178,7 @@ def train(
     trainable = getattr(model, "trainable", True)
     if not trainable:
         cast(Pop, model).fit_counts(torch.as_tensor(item_counts(ds)))
-    freeze(model, tc.freeze)
+    freeze(model, tc.freeze, tc.train_only)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay) if params else None
     ema = averaged(model, tc.ema)

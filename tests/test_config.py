@@ -120,6 +120,7 @@ BAD = {
     "train.teacher_init": [("maybe", "cannot read 'maybe' as bool")],
     "train.init": [(3, "cannot read 3 as str")],
     "train.freeze": [("blocks,,ln", "prefixes separated by ','"), (3, "cannot read 3 as str")],
+    "train.train_only": [(",", "prefixes separated by ','")],
     "eval.ks": [("5,20", "include 10"), ("0,10", ">= 1"), ("10,2.5", "cannot read '2.5' as int")],
     "eval.mask_seen": [("maybe", "cannot read 'maybe' as bool")],
     "eval.batch_size": [("0", "must be >= 1")],

@@ -362,12 +362,12 @@ def test_freeze_holds_the_named_parameters_and_a_prefix_naming_none_is_a_clear_e
 
     start = load_model(str(lowbit_ckpt))[0].state_dict()
 
-    def tuned(freeze: str) -> dict[str, torch.Tensor]:
+    def tuned(freeze: str, only: str = "") -> dict[str, torch.Tensor]:
         run = RunConfig(data=DataConfig(dataset="synthetic", max_len=12), model_name="sasrec",
                         model=model_config("sasrec", LOWBIT),
                         train=TrainConfig(epochs=2, batch_size=64, device="cpu", lr=1e-2,
-                                          init=str(lowbit_ckpt), freeze=freeze))  # fmt: skip
-        out = tmp_path / (freeze.replace(",", "-") or "none")
+                                          init=str(lowbit_ckpt), freeze=freeze, train_only=only))  # fmt: skip
+        out = tmp_path / ((freeze + "-" + only).replace(",", "-").strip("-") or "none")
         train(run, out, progress=False, ds=small_ds)
         return load_model(str(out))[0].state_dict()
 
@@ -382,10 +382,18 @@ def test_freeze_holds_the_named_parameters_and_a_prefix_naming_none_is_a_clear_e
     )
     table_only = moved(tuned("pos_emb,blocks,ln"))
     assert table_only == {"item_emb.weight"}
+    assert moved(tuned("", only="ln")) == {"ln.weight", "ln.bias"}  # train.train_only
     code = lsan_main(["train", "--dataset", "synthetic", "--set", "train.freeze=blocks,nope",
                       "--out", str(tmp_path / "x"), "--quiet", "--set", "train.epochs=1"])  # fmt: skip
     err = capsys.readouterr().err
     assert code != 0 and "train.freeze: 'nope' names no parameter" in err and "Traceback" not in err
+    code = lsan_main(["train", "--dataset", "synthetic", "--set", "train.train_only=nope",
+                      "--out", str(tmp_path / "only"), "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code != 0 and "train.train_only: 'nope' names no parameter" in err
+    code = lsan_main(["train", "--dataset", "synthetic", "--set", "train.train_only=ln",
+                      "--set", "train.freeze=blocks", "--out", str(tmp_path / "both"), "--quiet"])  # fmt: skip
+    assert code != 0 and "set one of them" in capsys.readouterr().err
 
 
 def test_a_fixed_grid_keeps_its_steps_across_epochs_and_a_refreshing_one_follows_the_weights():
@@ -453,8 +461,8 @@ def test_the_bias_decoder_rebuilds_pytorchs_values_bit_for_bit():
 def test_a_bias_fitted_alone_keeps_the_students_grid_and_everything_else(
     lowbit_ckpt, small_ds, tmp_path
 ):
-    """The recipe's last stage: `--init STUDENT --set model.item_bias=true --set
-    model.refresh_steps=false --set train.freeze=item_emb.weight,pos_emb,blocks,ln`."""
+    """The recipe's last stage (configs/device-beauty-bias.toml): `--init STUDENT` with
+    model.item_bias, model.refresh_steps=false and train.train_only=item_emb.bias."""
     from lsan.config import DataConfig, RunConfig, TrainConfig
     from lsan.train import train
 
@@ -462,7 +470,7 @@ def test_a_bias_fitted_alone_keeps_the_students_grid_and_everything_else(
         data=DataConfig(dataset="synthetic", max_len=12), model_name="sasrec",
         model=model_config("sasrec", {**LOWBIT, "item_bias": True, "refresh_steps": False}),
         train=TrainConfig(epochs=2, batch_size=64, device="cpu", lr=1e-2, init=str(lowbit_ckpt),
-                          freeze="item_emb.weight,pos_emb,blocks,ln"),
+                          train_only="item_emb.bias"),
     )  # fmt: skip
     train(run, tmp_path / "bias", progress=False, ds=small_ds)
     student, _, _ = load_model(lowbit_ckpt)
