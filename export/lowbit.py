@@ -139,7 +139,11 @@ class _Nodes:
 
     def values(self, codes: np.ndarray, bits: int) -> str:
         """Rows (n, D) float: c - L + 0.5 for the codes of one width."""
-        c = self.op("Cast", [self.unpacked(pack(codes, bits), bits)], to=TensorProto.FLOAT)
+        return self.centred(self.unpacked(pack(codes, bits), bits), bits)
+
+    def centred(self, ints: str, bits: int) -> str:
+        """Float c - L + 0.5 of int32 codes `ints` at `bits` (exact: one subtraction of halves)."""
+        c = self.op("Cast", [ints], to=TensorProto.FLOAT)
         return self.op("Add", [c, self.const(np.array(0.5 - 2 ** (bits - 1), np.float32))])
 
     def grid(self, codes: np.ndarray, bits: int) -> str:
@@ -393,15 +397,13 @@ def _swap(model: onnx.ModelProto, values: np.ndarray, what: str, build) -> str:
 def replace_bias(model: onnx.ModelProto, t: PackedTable) -> str | None:
     """Swap the float output bias for its BIAS_BITS codes (packed) and one step, decoded at load
     as (c - L + 0.5) * step: PyTorch's values bit for bit. None without a bias."""
-    values = t.bias_values
-    if values is None or t.bias_codes is None:
+    codes, values = t.bias_codes, t.bias_values
+    if codes is None or values is None:
         return None
-    codes = t.bias_codes
 
     def build(name: str) -> tuple[list, list]:
         n = _Nodes(f"{name}_lb_")
-        c = n.op("Cast", [n.vector(codes, BIAS_BITS)], to=TensorProto.FLOAT)
-        c = n.op("Add", [c, n.const(np.array(0.5 - 2 ** (BIAS_BITS - 1), np.float32))])
+        c = n.centred(n.vector(codes, BIAS_BITS), BIAS_BITS)
         step = rowquant.step_table().numpy()[t.bias_exp + 128]
         n.op("Mul", [c, n.const(np.array(step, np.float32))], name)
         return n.nodes, n.inits

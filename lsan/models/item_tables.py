@@ -195,13 +195,20 @@ class LowBitTable(FullTable):
         assert self.bias is not None
         if self.frozen:
             return self.bias
-        row, width = self.bias.unsqueeze(0), self._bias_bits()
         if self.training:
-            self.bias_exp.copy_(rowquant.choose_exponents(row, width))
-        return rowquant.fake_quantize(row, width, self.bias_exp).squeeze(0)
+            self.bias_exp.copy_(
+                rowquant.choose_exponents(self.bias.unsqueeze(0), self._bias_bits())
+            )
+        return self._bias_on_grid()
 
     def _bias_bits(self) -> torch.Tensor:
         return torch.full((1,), BIAS_BITS, dtype=torch.uint8, device=self.weight.device)
+
+    def _bias_on_grid(self) -> torch.Tensor:
+        """The bias on its grid at step `bias_exp` (straight-through while it trains)."""
+        assert self.bias is not None
+        row = self.bias.unsqueeze(0)
+        return rowquant.fake_quantize(row, self._bias_bits(), self.bias_exp).squeeze(0)
 
     @torch.no_grad()
     def bias_codes(self) -> torch.Tensor:
@@ -216,9 +223,8 @@ class LowBitTable(FullTable):
         codes = rowquant.quantize_rows(self.weight, self.row_bits, self.row_exps)
         if not self.frozen:
             self.weight.copy_(rowquant.dequantize_rows(codes, self.row_exps, self.row_bits))
-            if self.bias is not None:
-                self.bias.copy_(rowquant.dequantize_rows(
-                    self.bias_codes().unsqueeze(0), self.bias_exp, self._bias_bits())[0])  # fmt: skip
+            if self.bias is not None:  # no gradients here: exactly the grid's values
+                self.bias.copy_(self._bias_on_grid())
             self.frozen = True
         return codes
 
