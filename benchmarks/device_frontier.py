@@ -11,8 +11,8 @@ onnxruntime on that exact file (export's own verification), bytes are every file
 (one call per artifact in turn; with `--evict-mib N` each after reading through N MiB, so that
 files which together fit the last-level cache are timed cold too) and warm (blocks of calls)
 p50/p95/p99 over interleaved rounds; `p50_ms` is the warm p50. Beside it the floor computed from the graph (benchmarks.floor), the
-speed against the fastest SASRec artifact that is at least as accurate and was timed in the
-same run (a carried row's latency belongs to another run's host state), and memory: the peak
+speed against the fastest SASRec artifact that is at least as accurate (any item table, low-bit
+students included) and was timed in the same run (a carried row's latency belongs to another run's host state), and memory: the peak
 resident set of a fresh process that loads the artifact as the server does and answers requests
 (benchmarks.memory; `rss_over_import_mib` is its rise over that process after its imports, so
 what the model and its session hold at their peak). For every artifact the table names the best
@@ -241,8 +241,10 @@ def reference_row(points: list[dict[str, Any]], reference: str) -> dict[str, Any
 def compare(points: list[dict[str, Any]], reference: str) -> None:
     """Add, per point: share of the reference's bytes, NDCG vs the reference, best SASRec <= bytes."""
     ref = reference_row(points, reference)
-    sasrec = [p for p in points if p["model"] == "sasrec" and p["item_table"].startswith("full")
-              and p["test_ndcg10"] is not None]  # fmt: skip
+    # "use a smaller D": the full-table SASRecs; every SASRec artifact, low-bit ones included,
+    # for speed, so that LSAN's speed is judged against the strongest SASRec file there is
+    scored = [p for p in points if p["model"] == "sasrec" and p["test_ndcg10"] is not None]
+    sasrec = [p for p in scored if p["item_table"].startswith("full")]
     for p in points:
         if ref is not None:
             p["bytes_vs_reference"] = p["artifact_bytes"] / ref["model_onnx_bytes"]
@@ -256,7 +258,7 @@ def compare(points: list[dict[str, Any]], reference: str) -> None:
         # speed against the fastest SASRec artifact at least as accurate (optimised vs optimised)
         # and timed in the same interleaved run: a carried row's latency is of another host state
         if p["test_ndcg10"] is not None:
-            good = [s for s in sasrec if s["test_ndcg10"] >= p["test_ndcg10"] and s is not p
+            good = [s for s in scored if s["test_ndcg10"] >= p["test_ndcg10"] and s is not p
                     and s.get("carried") == p.get("carried")]  # fmt: skip
             fast = min(good, key=lambda s: s["p50_ms"], default=None)
             p["fastest_sasrec_as_accurate"] = f"{fast['name']} {fast['format']}" if fast else None
