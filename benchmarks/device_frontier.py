@@ -376,6 +376,8 @@ def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = 
                       if m in FAMILIES else len(FAMILIES))  # fmt: skip
     colours = {m: f"C{i}" for i, m in enumerate(families)}
     budget = zoom_bytes(shown, ref)
+    labels: list[Any] = []  # the zoom's names, placed apart once its limits are set
+    fixed: list[Any] = []
     region = [p for p in shown if p["artifact_bytes"] <= budget]
     for ax in (whole, zoom):
         pts = shown if ax is whole else region
@@ -390,11 +392,10 @@ def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = 
                         where="post", color=colours[m], lw=1.4,
                         label=f"{FAMILIES.get(m, m)}: Pareto front")  # fmt: skip
             if ax is zoom:
-                for i, p in enumerate(front):  # alternate sides: neighbours on a front are close
+                for p in front:
                     name = row_name(p) + ("" if p["format"] == "lowbit" else f" {p['format']}")
-                    ax.annotate(name, (p["artifact_bytes"], p["test_ndcg10"]), fontsize=7,
-                                color=colours[m], xytext=(5, -10) if i % 2 else (-5, 4),
-                                ha="left" if i % 2 else "right", textcoords="offset points")  # fmt: skip
+                    labels.append(ax.text(p["artifact_bytes"], p["test_ndcg10"], name,
+                                          fontsize=7, color=colours[m]))  # fmt: skip
         if ref is not None:  # the device target: 5% of the reference's bytes at its accuracy
             ax.axvline(0.05 * ref["model_onnx_bytes"], color="grey", ls="--", lw=0.8)
             ax.axhline(ref["test_ndcg10"], color="grey", ls="--", lw=0.8)
@@ -407,10 +408,17 @@ def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = 
         good = [p["test_ndcg10"] for p in region if p["test_ndcg10"] >= 0.8 * ref["test_ndcg10"]]
         if good:  # the decisions happen near the reference's accuracy: leave the collapsed out
             zoom.set_ylim(min(good) - 0.001, max(max(good), ref["test_ndcg10"]) + 0.001)
-        zoom.text(0.05 * ref["model_onnx_bytes"], zoom.get_ylim()[0], " 5% of its bytes",
-                  fontsize=7, color="grey", va="bottom")  # fmt: skip
-        zoom.text(zoom.get_xlim()[0], ref["test_ndcg10"], f" {reference} fp32's NDCG@10",
-                  fontsize=7, color="grey", va="bottom")  # fmt: skip
+        fixed = [  # the names keep off these
+            zoom.text(0.05 * ref["model_onnx_bytes"], zoom.get_ylim()[0], " 5% of its bytes",
+                      fontsize=7, color="grey", va="bottom"),
+            zoom.text(zoom.get_xlim()[1], ref["test_ndcg10"], f"{reference} fp32's NDCG@10 ",
+                      fontsize=7, color="grey", va="bottom", ha="right"),  # the files are left
+        ]  # fmt: skip
+    if labels:  # neighbours on a front sit a few bytes and a hair of NDCG apart
+        from adjustText import adjust_text
+
+        adjust_text(labels, ax=zoom, objects=fixed or None, expand=(1.2, 1.6),
+                    arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.5})  # fmt: skip
     whole.set_ylabel("test NDCG@10 (onnxruntime on the file, full ranking)")
     whole.set_title(f"{title}: every artifact")
     if ref is not None:
