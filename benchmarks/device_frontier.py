@@ -417,6 +417,7 @@ def plot(points: list[dict[str, Any]], path: Path, title: str, reference: str = 
     if labels:  # neighbours on a front sit a few bytes and a hair of NDCG apart
         from adjustText import adjust_text
 
+        # objects=None without a reference: adjustText 1.4 fails on an empty list
         adjust_text(labels, ax=zoom, objects=fixed or None, expand=(1.2, 1.6),
                     arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.5})  # fmt: skip
     whole.set_ylabel("test NDCG@10 (onnxruntime on the file, full ranking)")
