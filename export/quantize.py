@@ -46,8 +46,8 @@ ALL_FORMATS = FORMATS + TABLE_FORMATS
 # around every product cost more than the int8 kernels save, and it is never smaller.
 AUTO_FORMATS = tuple(f for f in FORMATS if f != "int8-static")
 QUANT_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear", "QuantizeLinear",
-             "GatherBlockQuantized", "MatMulNBits", "MatMulIntegerToFloat", "Gather", "MatMul",
-             "Gemm")  # fmt: skip
+             "GatherBlockQuantized", "MatMulNBits", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+             "Gather", "MatMul", "Gemm")  # fmt: skip
 
 
 def convert(

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from conftest import train_tiny
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from lsan import artifact
 from lsan.checkpoint import load_model
@@ -141,36 +141,51 @@ def _model(nodes, inits, graph_in, graph_out) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
+def _dynamic_uint8(h: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    """onnxruntime's DynamicQuantizeLinear of a whole tensor: (q - zero point, scale)."""
+    lo, hi = min(0.0, float(h.min())), max(0.0, float(h.max()))
+    scale = np.float32((hi - lo) / 255)
+    zero = np.clip(np.round(-lo / scale), 0, 255)
+    return np.clip(np.round(h / scale) + zero, 0, 255) - zero, scale
+
+
 @pytest.mark.parametrize("hot_bits", [4, 8])
-def test_the_tied_output_layer_scores_the_integer_grid_row_by_row(hot_bits):
-    """h @ table.T becomes int8 rows of h (each its own scale) times the table's exact integer
-    grid, rescaled by h's scale and each item's half step: exactly that arithmetic, and a
-    row's scores do not depend on the other rows. A table with 8-bit rows keeps the float path
-    (its grid does not fit int8)."""
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_tied_output_layer_scores_the_integer_grid_in_one_product(hot_bits, with_bias):
+    """h @ table.T [+ bias] becomes h rounded to uint8 (one scale for the tensor) times the
+    table's exact integer grid, rescaled by h's scale and each item's half step, the bias
+    folded into the product: exactly that arithmetic, in one DynamicQuantizeMatMul and one Mul.
+    A table with 8-bit rows keeps the float path (its grid does not fit int8)."""
     t = _hot_table(hot_bits)
     nodes, inits = decoder(t, "table", "d_")
     nodes += [helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
-              helper.make_node("MatMul", ["h", "table_t"], ["scores"])]  # fmt: skip
+              helper.make_node("MatMul", ["h", "table_t"], ["mm" if with_bias else "scores"])]  # fmt: skip
+    bias = np.random.default_rng(2).normal(size=64).astype(np.float32)
+    if with_bias:
+        inits.append(numpy_helper.from_array(bias, "bias"))
+        nodes.append(helper.make_node("Add", ["mm", "bias"], ["scores"]))
     h_in = helper.make_tensor_value_info("h", TensorProto.FLOAT, ["b", 16])
     out = helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["b", 64])
     model = _model(nodes, inits, h_in, out)
-    assert integer_scores(model, "table") == (1 if hot_bits == 4 else 0)
+    assert integer_scores(model, "table", "bias" if with_bias else None) == (hot_bits == 4)
+    ops = [n.op_type for n in model.graph.node]
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     h = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
     got = sess.run(["scores"], {"h": h})[0]
+    exact = h @ t.values.T + (bias if with_bias else 0)
     if hot_bits == 8:
-        np.testing.assert_allclose(got, h @ t.values.T, rtol=1e-5, atol=1e-6)
+        assert "DynamicQuantizeMatMul" not in ops
+        np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
         return
-    scale = np.abs(h).max(-1, keepdims=True) / np.float32(127)
-    q = np.round(h / scale)
+    assert ops.count("DynamicQuantizeMatMul") == 1 and "Add" not in ops[-3:]
+    q, scale = _dynamic_uint8(h)
     steps = step_table().numpy()[t.exps.astype(np.int64) + 128]
     lv = 2.0 ** (t.bits.astype(np.float32) - 1)
     grid = 2 * (t.codes.astype(np.float32) - lv[:, None]) + 1  # odd integers, |.| <= 15
     np.testing.assert_allclose(grid * steps[:, None] / 2, t.values, rtol=1e-6)
-    np.testing.assert_allclose(got, (q @ grid.T) * scale * steps / 2, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(got, h @ t.values.T, atol=np.abs(h @ t.values.T).max() / 50)
-    alone = sess.run(["scores"], {"h": h[1:2]})[0]
-    np.testing.assert_array_equal(alone[0], got[1])
+    want = (q @ grid.T) * scale * steps / 2 + (bias if with_bias else 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, exact, atol=np.abs(exact).max() / 50)
 
 
 @pytest.mark.parametrize("hot_bits", [4, 8])
@@ -261,10 +276,10 @@ def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(
     checks = meta.parity
     assert {"fp32", "int4", "lowbit"} <= set(checks)
     low, int4 = checks["lowbit"], checks["int4"]
-    # the table is exact; the tied output layer rounds each row of h to int8 (its own scale, so
-    # answers do not depend on the batch) and multiplies the table's integer grid
-    assert low.error is None and low.top10_identical and low.batch_invariant
-    assert low.max_abs_score_diff < 5e-3 and low.ops.get("MatMulInteger") == 1
+    # the table is exact; the tied output layer rounds h to uint8 (one scale for the batch, so
+    # answers depend on it and are served row by row) and multiplies the table's integer grid
+    assert low.error is None and low.top10_identical and not low.batch_invariant
+    assert low.max_abs_score_diff < 5e-3 and low.ops.get("DynamicQuantizeMatMul") == 1
     assert low.bytes < 0.6 * checks["fp32"].bytes and int4.error is None
     assert low.test["NDCG@10"] == pytest.approx(checks["fp32"].test["NDCG@10"], rel=5e-3)
     art = artifact.read(tmp_path / "all-lowbit")
@@ -289,10 +304,10 @@ def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(
     )
     assert budget - 64 <= stored <= budget + 64
     # decoding at load never materialises the table in int32 or float (a 10 MB peak at Beauty's
-    # size): the widest intermediate of R x D values is the uint8 grid
+    # size): the widest intermediates of R x D values are the int8 grid and its transpose
     inferred = onnx.shape_inference.infer_shapes(m).graph.value_info
     wide = [v.name for v in inferred
-            if v.type.tensor_type.elem_type != TensorProto.UINT8
+            if v.type.tensor_type.elem_type != TensorProto.INT8
             and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
             and np.prod([d.dim_value for d in v.type.tensor_type.shape.dim]) >= rows * dim]  # fmt: skip
     assert wide == []
