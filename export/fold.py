@@ -26,6 +26,8 @@ uint8. Two rewrites fix that without changing the bytes on disk:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -42,6 +44,20 @@ def _inits(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
 def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     """Value name -> the node that writes it."""
     return {o: n for n in model.graph.node for o in n.output}
+
+
+def sole_reader(graph: onnx.GraphProto) -> Callable[[str, str], onnx.NodeProto | None]:
+    """`find(name, op)`: the one node reading value `name` if it is an `op` and `name` is not a
+    graph output (so the pair can be fused), else None; the graph's readers indexed once."""
+    outputs, uses = {o.name for o in graph.output}, consumers(graph)
+
+    def find(name: str, op: str) -> onnx.NodeProto | None:
+        readers = uses.get(name, [])
+        if name in outputs or len(readers) != 1 or readers[0][0].op_type != op:
+            return None
+        return readers[0][0]
+
+    return find
 
 
 def _per_tensor_params(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
@@ -171,14 +187,7 @@ def rescaled_products(model: onnx.ModelProto) -> int:
     fused kernel multiplies the same int32 products by the same float scale and adds the same
     bias: the outputs are bit for bit those of the chain."""
     inits, made, graph = _inits(model), producers(model), model.graph
-    outputs, uses = {o.name for o in graph.output}, consumers(graph)
-
-    def only_reader(name: str, op: str) -> onnx.NodeProto | None:
-        readers = uses.get(name, [])
-        if name in outputs or len(readers) != 1 or readers[0][0].op_type != op:
-            return None
-        return readers[0][0]
-
+    only_reader = sole_reader(graph)
     moved: dict[str, list[onnx.NodeProto]] = {}  # first output of a replaced node -> its nodes
     done = 0
     for node in graph.node:

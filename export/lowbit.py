@@ -38,8 +38,8 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from lsan.export import ExportError
-from lsan.export.fold import producers, prune
-from lsan.export.int4 import MS, attr, consumers, declare_contrib
+from lsan.export.fold import producers, prune, sole_reader
+from lsan.export.int4 import MS, attr, declare_contrib
 from lsan.models import rowquant
 from lsan.models.item_tables import BIAS_BITS, LowBitTable
 
@@ -318,7 +318,7 @@ def integer_scores(model: onnx.ModelProto, table: str, bias: str | None = None) 
     0.090 ms warm). The count rewritten (0 for a table without a grid, one with 8-bit rows)."""
     made = producers(model)
     grid = table + GRID in made
-    uses = consumers(model.graph)
+    only_reader = sole_reader(model.graph)
     biased: dict[str, onnx.NodeProto] = {}  # product -> the bias Add folded into it
 
     def matches(node) -> bool:
@@ -326,8 +326,7 @@ def integer_scores(model: onnx.ModelProto, table: str, bias: str | None = None) 
         return grid and src is not None and src.op_type == "Transpose" and src.input[0] == table
 
     for node in model.graph.node:
-        readers = [r for r, _ in uses.get(node.output[0], [])] if bias and matches(node) else []
-        add = readers[0] if len(readers) == 1 and readers[0].op_type == "Add" else None
+        add = only_reader(node.output[0], "Add") if bias and matches(node) else None
         if add is not None and set(add.input) == {node.output[0], bias}:
             biased[node.output[0]] = add
     for add in biased.values():
