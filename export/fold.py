@@ -138,18 +138,17 @@ def small_lookups(model: onnx.ModelProto, max_elements: int = 4096) -> int:
     """Gather(int8 table) -> DequantizeLinear, table under `max_elements` -> DequantizeLinear of
     the table (for `foldable_decoders` to fold) -> Gather of floats; the count."""
     inits, graph, done = _inits(model), model.graph, 0
-    outputs, uses = {o.name for o in graph.output}, consumers(graph)
+    only_reader = sole_reader(graph)
     moved: dict[str, list[onnx.NodeProto]] = {}  # a Gather's output -> its replacement
     decoded_tables: set[str] = set()
     for node in graph.node:
-        if node.op_type != "Gather" or node.input[0] not in inits or node.output[0] in outputs:
+        if node.op_type != "Gather" or node.input[0] not in inits:
             continue
-        readers = uses.get(node.output[0], [])
+        dq = only_reader(node.output[0], "DequantizeLinear")
         table = inits[node.input[0]]
-        if len(readers) != 1 or int(np.prod(table.dims)) > max_elements:
+        if dq is None or int(np.prod(table.dims)) > max_elements:
             continue
-        ((dq, slot),) = readers
-        if slot != 0 or not _per_tensor_params(dq, inits):
+        if dq.input[0] != node.output[0] or not _per_tensor_params(dq, inits):
             continue
         floats = f"{table.name}_f{'_'.join(dq.input[1:])}"  # one decode per table and scale
         new = [] if floats in decoded_tables else [
