@@ -33,7 +33,8 @@ from lsan.models.sasrec import SASRec
 
 LOOKUP_ONLY = ("pos_emb.", "fusion.prev_cat.", "fusion.cur_cat.", "fusion.slot.")
 FLOAT_ONLY = ("items.item_weights", "items.item_bias")  # used by Mul/Add, never quantized
-INT8 = ("int8", "int8-static", "lowbit")  # formats whose big products run on 8-bit integers
+# formats whose big products run on 8-bit integers
+INT8 = ("int8", "int8-static", "lowbit", "lowbit8")
 
 
 def flops_per_cycle(simd: list[str]) -> int:

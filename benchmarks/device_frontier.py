@@ -335,7 +335,8 @@ def host_line(ref: dict[str, Any], k: int, machine: dict[str, Any]) -> str:
     )
 
 
-MARKERS = {"fp32": "o", "fp16": "s", "int8": "^", "int8-static": "v", "int4": "D", "lowbit": "*"}
+MARKERS = {"fp32": "o", "fp16": "s", "int8": "^", "int8-static": "v", "int4": "D", "lowbit": "*",
+           "lowbit8": "P"}  # fmt: skip
 FAMILIES = {"sasrec": "SASRec", "lsan_full": "LSAN_full (twin block, full table)",
             "lsan": "LSAN as published (compositional tables)"}  # fmt: skip
 

@@ -72,10 +72,11 @@ class Blocks:
     scales: np.ndarray  # (rows, blocks) float32
     zeros: np.ndarray  # (rows, ceil(blocks / 2)) uint8, zero points packed like the codes
     cols: int  # values per row before padding to whole blocks
+    bits: int = 4  # 8: a code and a zero point a byte each, unpacked (decoded at load only)
 
     @property
     def block(self) -> int:
-        return self.packed.shape[2] * 2
+        return self.packed.shape[2] * 8 // self.bits
 
 
 @dataclass
@@ -119,6 +120,23 @@ def quantize_blocks(matrix: np.ndarray, block: int) -> Blocks:
     return Blocks(packed, scales, zeros, cols)
 
 
+def quantize_blocks8(matrix: np.ndarray, block: int) -> Blocks:
+    """Asymmetric 8-bit codes of `matrix` (rows, cols) in blocks along its rows: each block's
+    range [min(0, lo), max(0, hi)] in 255 steps, zero point rounded (the 4-bit rule at 8 bits)."""
+    rows, cols = matrix.shape
+    blocks = -(-cols // block)
+    x = np.zeros((rows, blocks * block), np.float32)
+    x[:, :cols] = matrix
+    x = x.reshape(rows, blocks, block)
+    lo = np.minimum(x.min(-1), 0.0)
+    hi = np.maximum(x.max(-1), 0.0)
+    scales = ((hi - lo) / 255.0).astype(np.float32)
+    scales[scales == 0] = 1.0
+    zeros = np.clip(np.rint(-lo / scales), 0, 255)
+    codes = np.clip(np.rint(x / scales[..., None]) + zeros[..., None], 0, 255)
+    return Blocks(codes.astype(np.uint8), scales, zeros.astype(np.uint8), cols, bits=8)
+
+
 def block_axis(shape: tuple[int, ...]) -> int:
     """The axis a decoded-at-load tensor is blocked along: the longest (the last of equals), so
     a (1, |V|, 2) per-item weight is blocked along the items, not in pairs."""
@@ -128,8 +146,11 @@ def block_axis(shape: tuple[int, ...]) -> int:
 def dequantize_blocks(q: Blocks) -> np.ndarray:
     """The float matrix the kernels and the load-time decoder see, (rows, cols) float32."""
     rows, blocks = q.scales.shape
-    codes = unpack_nibbles(q.packed).astype(np.float32)  # (rows, blocks, block)
-    zeros = unpack_nibbles(q.zeros)[:, :blocks, None].astype(np.float32)
+    if q.bits == 8:
+        codes, zeros = q.packed.astype(np.float32), q.zeros[:, :, None].astype(np.float32)
+    else:
+        codes = unpack_nibbles(q.packed).astype(np.float32)  # (rows, blocks, block)
+        zeros = unpack_nibbles(q.zeros)[:, :blocks, None].astype(np.float32)
     return ((codes - zeros) * q.scales[:, :, None]).reshape(rows, -1)[:, : q.cols]
 
 
@@ -192,11 +213,14 @@ def kernel_axis(
     return None
 
 
-def storage(name: str, x: np.ndarray, axis: int, block: int, edit: Edit) -> tuple[Blocks, str]:
-    """Quantize `x` blocked along `axis`, add its initializers; returns the codes and a prefix."""
+def storage(
+    name: str, x: np.ndarray, axis: int, block: int, edit: Edit, bits: int = 4
+) -> tuple[Blocks, str]:
+    """Quantize `x` blocked along `axis`, add its initializers; returns the codes and a prefix.
+    8 bits only for what a load-time decoder reads: onnxruntime's block kernels take 4."""
     matrix = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
-    q = quantize_blocks(matrix, block)
-    prefix = f"{name}.q4.axis{axis}"
+    q = quantize_blocks8(matrix, block) if bits == 8 else quantize_blocks(matrix, block)
+    prefix = f"{name}.q{bits}.axis{axis}"
     rows = matrix.shape[0]
     edit.initializers += [
         numpy_helper.from_array(q.packed.reshape(rows, -1), prefix + ".codes"),
@@ -266,11 +290,20 @@ def decoder(
     }
     edit.initializers += [numpy_helper.from_array(v, k) for k, v in consts.items()]
     f = TensorProto.FLOAT
-    nodes = unpack_nodes(prefix + ".codes", p + ".q", [rows, blocks, block], edit)
-    nodes += unpack_nodes(prefix + ".zeros", p + ".z2", [rows, 2 * q.zeros.shape[1]], edit)
+    if q.bits == 8:  # a byte a code: only the block axis to restore
+        shape3 = numpy_helper.from_array(np.array([rows, blocks, block], np.int64), p + ".shape3")
+        edit.initializers.append(shape3)
+        nodes = [helper.make_node("Reshape", [prefix + ".codes", shape3.name], [p + ".q"])]
+        zeros = prefix + ".zeros"
+    else:
+        nodes = unpack_nodes(prefix + ".codes", p + ".q", [rows, blocks, block], edit)
+        nodes += unpack_nodes(prefix + ".zeros", p + ".z2", [rows, 2 * q.zeros.shape[1]], edit)
+        zeros = p + ".z"
+        nodes.append(
+            helper.make_node("Slice", [p + ".z2", p + ".start", p + ".end_z", p + ".last"], [zeros])
+        )
     nodes += [
-        helper.make_node("Slice", [p + ".z2", p + ".start", p + ".end_z", p + ".last"], [p + ".z"]),
-        helper.make_node("Unsqueeze", [p + ".z", p + ".scale_axes"], [p + ".z3"]),
+        helper.make_node("Unsqueeze", [zeros, p + ".scale_axes"], [p + ".z3"]),
         helper.make_node("Cast", [p + ".q"], [p + ".qf"], to=f),
         helper.make_node("Cast", [p + ".z3"], [p + ".zf"], to=f),
         helper.make_node("Sub", [p + ".qf", p + ".zf"], [p + ".centred"]),
@@ -376,7 +409,9 @@ def blob_axis(name: str, shape: tuple[int, ...], uses: dict, outputs: set[str], 
     return max(whole, key=lambda a: (shape[a], a)) if whole else block_axis(shape)
 
 
-def blob_decoders(tensors: dict[str, tuple[np.ndarray, int]], block: int, edit: Edit) -> None:
+def blob_decoders(
+    tensors: dict[str, tuple[np.ndarray, int]], block: int, edit: Edit, bits: int = 4
+) -> None:
     """Decode-at-load for many tensors from one stored matrix: each tensor (array, blocking
     axis) becomes rows of one block along that axis; the rows of all are quantized as one (R, block)
     matrix with one shared decoder (folded at load), and each tensor is a Slice of it (plus a
@@ -389,8 +424,8 @@ def blob_decoders(tensors: dict[str, tuple[np.ndarray, int]], block: int, edit: 
         slices.append((name, start, start + len(rows), x.shape, axis))
         parts.append(rows)
         start += len(rows)
-    blob = f"q4blob{block}"
-    q, prefix = storage(blob, np.concatenate(parts), 1, block, edit)
+    blob = f"q{bits}blob{block}"
+    q, prefix = storage(blob, np.concatenate(parts), 1, block, edit, bits)
     decoder(blob, (start, block), 1, q, prefix, edit)
     zero = numpy_helper.from_array(np.array([0], np.int64), blob + ".axis0")
     edit.initializers.append(zero)
@@ -427,7 +462,7 @@ def nbits(node: NodeProto, q: Blocks, prefix: str, edit: Edit) -> list[NodeProto
 
 def quantize_int4(
     src: Path, dst: Path, block_size: int = 32, min_elements: int = 1024, accuracy_level: int = 4,
-    decode_below: int = 0,
+    decode_below: int = 0, decode_bits: int = 4,
 ) -> dict[str, Any]:  # fmt: skip
     """Write the 4-bit-weight version of fp32 ONNX model `src` to `dst`; returns a report.
 
@@ -441,7 +476,9 @@ def quantize_int4(
     table) whose blocking axis splits into whole blocks is decoded at load instead
     (`blob_decoders`: one stored matrix for all of them, the same bytes): requests then run
     plain fp32 MatMuls on cache-resident weights instead of MatMulNBits with per-call
-    activation quantization, and answer exactly as the decoded fp32 graph would.
+    activation quantization, and answer exactly as the decoded fp32 graph would. `decode_bits`
+    is that stored matrix's width: 4, or 8 (37 bytes a block of 32 instead of 20.5), which no
+    kernel reads, so it costs bytes on disk and nothing per request.
 
     Report: file sizes, the count of each rewrite ("Gather->GatherBlockQuantized",
     "Transpose+MatMul->MatMulNBits", ..., "decoded at load"), each quantized initializer with
@@ -449,6 +486,8 @@ def quantize_int4(
     """
     if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    if decode_bits not in (4, 8):
+        raise ValueError(f"decode_bits must be 4 or 8, got {decode_bits}")
     if accuracy_level not in range(5):
         raise ValueError(f"accuracy_level must be 0..4, got {accuracy_level}")
     model = onnx.load(str(src))
@@ -483,7 +522,7 @@ def quantize_int4(
         how = rewrite(init, uses, outputs, block_size, edit)
         quantized[init.name] = {"shape": list(init.dims), "read_as": how}
     for block, tensors in small.items():
-        blob_decoders(tensors, block, edit)
+        blob_decoders(tensors, block, edit, decode_bits)
     apply(model, edit, set(quantized))
     onnx.save(model, str(dst))
     counts = Counter(h for q in quantized.values() for h in q["read_as"])
@@ -491,6 +530,7 @@ def quantize_int4(
         "bytes_before": Path(src).stat().st_size,
         "bytes_after": Path(dst).stat().st_size,
         "block_size": block_size,
+        "decode_bits": decode_bits,
         "accuracy_level": accuracy_level,
         "rewritten": dict(sorted(counts.items())),
         "quantized": quantized,

@@ -7,8 +7,8 @@ depends on its batch: the runtime then answers row by row; constants decoded onc
 int8-static (QDQ, activations calibrated on validation sequences); int4 (4-bit
 block-quantized weights, export/int4.py: item tables read by onnxruntime's 4-bit kernels, the
 encoder's small matrices decoded once at load); lowbit (a low-bit-trained item table at its own
-widths, export/lowbit.py). Tensors the quantizers leave in fp32 are stored as
-uint8 (fp16 for fp16), decoded once when the session loads.
+widths, export/lowbit.py) and lowbit8 (the same with the encoder's matrix in 8 bits).
+Tensors the quantizers leave in fp32 are stored as uint8 (fp16 for fp16), decoded once when the session loads.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ from lsan.info import DataInfo
 
 FORMATS = ("fp32", "fp16", "int8", "int8-static", "int4")  # what any checkpoint can ship
 # only for checkpoints trained with a low-bit item table (model.bits): the table at its trained
-# widths, the rest int4 (export/lowbit.py); `--quant auto` adds it for them
-TABLE_FORMATS = ("lowbit",)
+# widths, the rest int4 (export/lowbit.py), or the encoder's weights in 8 bits (lowbit8: the
+# same requests, a few KB more); `--quant auto` adds them for them
+TABLE_FORMATS = ("lowbit", "lowbit8")
 ALL_FORMATS = FORMATS + TABLE_FORMATS
 # what `--quant auto` tries: int8-static (QDQ) is never the best choice, so only an explicit
 # `--quant int8-static` builds it. Measured on Beauty SASRec D64 (1 thread, batch 1): 845 KB and
@@ -57,8 +58,8 @@ def convert(
     """Write `fmt` of the fp32 model to `out` (without shape annotations or node names).
 
     `table`: the checkpoint's low-bit item table (export/lowbit.py), for the lowbit format."""
-    if fmt == "lowbit":
-        quantize_lowbit(fp32, out, table)
+    if fmt in TABLE_FORMATS:
+        quantize_lowbit(fp32, out, table, encoder_bits=8 if fmt == "lowbit8" else 4)
     else:
         _convert(fp32, out, fmt, calibration)
     m = onnx.load(str(out))

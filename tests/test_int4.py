@@ -19,6 +19,7 @@ from lsan.export.int4 import (
     fitted_block,
     pack_nibbles,
     quantize_blocks,
+    quantize_blocks8,
     quantize_int4,
     unpack_nibbles,
 )
@@ -88,6 +89,21 @@ def test_quantize_blocks_error_is_within_half_a_step():
     assert q.packed.shape == (5, 3, 16) and q.scales.shape == (5, 3) and q.zeros.shape == (5, 2)
     step = np.repeat(q.scales, 32, axis=1)[:, :70]
     assert np.all(np.abs(dequantize_blocks(q) - m) <= step / 2 + 1e-6 * np.abs(m))
+
+
+def test_8_bit_blocks_err_by_at_most_half_a_step_sixteen_times_finer_than_4_bit():
+    rng = np.random.default_rng(4)
+    m = rng.normal(size=(5, 70)).astype(np.float32) * np.array([[0.01], [1], [100], [1], [1]])
+    m[3] = np.abs(m[3])  # all positive: the range is [0, max], zero a code
+    m[4, 32:64] = 0.0  # an all-zero block decodes to zeros
+    q8, q4 = quantize_blocks8(m, 32), quantize_blocks(m, 32)
+    assert q8.block == 32 and q8.packed.shape == (5, 3, 32) and q8.zeros.shape == (5, 3)
+    err8, err4 = np.abs(dequantize_blocks(q8) - m), np.abs(dequantize_blocks(q4) - m)
+    assert np.all(err8 <= np.repeat(q8.scales, 32, axis=1)[:, :70] / 2 + 1e-6 * np.abs(m))
+    assert np.all(dequantize_blocks(q8)[4, 32:64] == 0)
+    live = q4.scales > 0  # the zero block: any scale decodes it
+    assert np.all(q8.scales[live] <= q4.scales[live] / 15 * (1 + 1e-5))  # 255 steps, not 15
+    assert err8.max() < err4.max() / 8
 
 
 def tiny_model(tmp_path, weights: dict[str, np.ndarray]):
@@ -165,10 +181,12 @@ def test_decoders_are_exact_and_folded_at_load(tmp_path):
     assert np.array_equal(out["y_small"], weights["small"])
 
 
-def test_decode_below_reads_small_tensors_from_one_blob_exactly(tmp_path):
+@pytest.mark.parametrize("bits", [4, 8])
+def test_decode_below_reads_small_tensors_from_one_blob_exactly(tmp_path, bits):
     """decode_below: the tensors under it come from one stored matrix, decoded at load to
-    exactly their own 4-bit values (blocked along the axis their kernel would use); the big
-    table keeps its kernels; the blob costs no more than a matrix per tensor."""
+    exactly their own 4-bit (decode_bits = 8: 8-bit) values, blocked along the axis their kernel
+    would use; the big table keeps its 4-bit kernels; the blob costs no more than a matrix per
+    tensor at its width."""
     rng = np.random.default_rng(3)
     weights = {
         "table": rng.normal(size=(3000, 32)).astype(np.float32),  # over the threshold: kernels
@@ -180,17 +198,20 @@ def test_decode_below_reads_small_tensors_from_one_blob_exactly(tmp_path):
     }
     src = tiny_model(tmp_path, weights)
     blob, plain = tmp_path / "blob.onnx", tmp_path / "plain.onnx"
-    report = quantize_int4(src, blob, accuracy_level=0, decode_below=4096)
+    report = quantize_int4(src, blob, accuracy_level=0, decode_below=4096, decode_bits=bits)
     quantize_int4(src, plain, accuracy_level=0)
+    assert report["decode_bits"] == bits
     assert report["rewritten"] == {
         "Gather->GatherBlockQuantized": 1, "Transpose+MatMul->MatMulNBits": 1,
         "decoded at load (blob)": 3, "decoded at load": 1,
     }  # fmt: skip
     codes = [i for i in onnx.load(str(blob)).graph.initializer if i.name.endswith(".codes")]
     assert sorted(i.name for i in codes) == [
-        "odd.q4.axis0.codes", "q4blob32.q4.axis1.codes", "table.q4.axis1.codes",
+        "odd.q4.axis0.codes", f"q{bits}blob32.q{bits}.axis1.codes", "table.q4.axis1.codes",
     ]  # fmt: skip
-    assert weight_bytes(blob) <= weight_bytes(plain) + 200  # a few int64 slice bounds
+    blob_values = sum(weights[n].size for n in ("proj", "square", "positions"))
+    extra = blob_values // 2 + blob_values // 32 // 2 if bits == 8 else 0  # a code, a zero point
+    assert weight_bytes(blob) <= weight_bytes(plain) + extra + 200  # a few int64 slice bounds
 
     opts = ort.SessionOptions()
     opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
@@ -202,11 +223,12 @@ def test_decode_below_reads_small_tensors_from_one_blob_exactly(tmp_path):
     x = {i.name: np.zeros(weights[i.name[2:]].shape, np.float32) for i in sess.get_inputs()[2:]}
     names = [o.name for o in sess.get_outputs()]
     out = dict(zip(names, sess.run(None, {"idx": idx, "h": h, **x}), strict=True))
-    proj = dequantize_blocks(quantize_blocks(weights["proj"], 32))  # transB: rows hold K
+    quantize = quantize_blocks8 if bits == 8 else quantize_blocks
+    proj = dequantize_blocks(quantize(weights["proj"], 32))  # transB: rows hold K
     np.testing.assert_allclose(out["projected"], h @ proj.T + weights["proj_bias"], atol=1e-5)
-    square_k = dequantize_blocks(quantize_blocks(weights["square"], 32))  # Add: last axis
+    square_k = dequantize_blocks(quantize(weights["square"], 32))  # Add: last axis
     assert np.array_equal(out["y_square"], square_k)
-    positions = dequantize_blocks(quantize_blocks(weights["positions"], 32))  # rows of D
+    positions = dequantize_blocks(quantize(weights["positions"], 32))  # rows of D
     assert np.array_equal(out["y_positions"], positions)
     assert np.array_equal(out["y_odd"], reference(weights["odd"], 32))
     table = dequantize_blocks(quantize_blocks(weights["table"], 32))
@@ -309,6 +331,8 @@ def test_settings_are_checked(exported, tmp_path):
         quantize_int4(exported["sasrec"], tmp_path / "x.onnx", block_size=24)
     with pytest.raises(ValueError, match="accuracy_level"):
         quantize_int4(exported["sasrec"], tmp_path / "x.onnx", accuracy_level=7)
+    with pytest.raises(ValueError, match="decode_bits"):
+        quantize_int4(exported["sasrec"], tmp_path / "x.onnx", decode_bits=2)
 
 
 def test_a_width_16_table_is_blocked_by_16_not_left_float(tmp_path):

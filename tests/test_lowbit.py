@@ -1,6 +1,7 @@
 """Low-bit item tables: trained on their grid, shipped at their widths, decoded bit for bit."""
 
 import json
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -13,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from lsan import artifact
 from lsan.checkpoint import load_model
 from lsan.cli import main as lsan_main
+from lsan.export import ExportError
 from lsan.export.export import export
 from lsan.export.lowbit import (
     PackedTable,
@@ -315,6 +317,50 @@ def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(
     assert max(t.size for t in steps) < 64  # only the steps used, not all 256
 
 
+def optimized_ops(path, tmp_path) -> list[str]:
+    """The node types onnxruntime runs for `path`, in order, after its load-time folding."""
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+
+
+def test_lowbit8_is_the_same_table_and_requests_with_the_encoder_in_8_bits(small_ds, tmp_path):
+    """`lowbit8` stores the encoder's one decoded-at-load matrix in 8 bits (LSAN's student at
+    D = 32, whose matrices are big enough to be quantized at all): a byte and a half more for
+    each two of its values, closer to PyTorch, and the same graph at run time."""
+    cfg = {**LOWBIT, "dim": 32, "heads": 1}
+    ck = train_tiny("lsan_full", cfg, small_ds, tmp_path / "ck", epochs=1)
+    metas = {
+        q: export(ck, tmp_path / q, quant=q, ds=small_ds, log=lambda *a: None)
+        for q in ("lowbit", "lowbit8")
+    }
+    low, low8 = metas["lowbit"].parity["lowbit"], metas["lowbit8"].parity["lowbit8"]
+    assert metas["lowbit8"].quantization == "lowbit8"
+    assert low8.error is None and low8.top10_identical
+    assert low8.max_abs_score_diff < 0.5 * low.max_abs_score_diff
+
+    def stored(q: str) -> Counter:
+        m = onnx.load(str(tmp_path / q / artifact.MODEL))
+        return Counter((i.data_type, tuple(i.dims), numpy_helper.to_array(i).tobytes())
+                       for i in m.graph.initializer)  # fmt: skip
+
+    four, eight = stored("lowbit"), stored("lowbit8")
+    only8 = sorted((t, d) for t, d, _ in eight - four)  # the table's tensors are in both files
+    rows = only8[0][1][0]
+    assert only8 == [(TensorProto.FLOAT, (rows, 1)), (TensorProto.UINT8, (rows, 1)),
+                     (TensorProto.UINT8, (rows, 32))]  # scales, zero points, a byte a code  # fmt: skip
+    assert {(TensorProto.UINT8, (rows, 16)), (TensorProto.FLOAT, (rows, 1))} <= {
+        (t, d) for t, d, _ in four - eight
+    }  # 4-bit: two codes a byte
+    grown = metas["lowbit8"].model_onnx_bytes - metas["lowbit"].model_onnx_bytes
+    assert 16 * rows - 600 <= grown <= 16 * rows  # less the nibble-unpacking nodes (~500 B)
+    assert optimized_ops(tmp_path / "lowbit" / artifact.MODEL, tmp_path) == optimized_ops(
+        tmp_path / "lowbit8" / artifact.MODEL, tmp_path
+    )
+
+
 def test_an_export_with_nibble_exponents_scores_exactly_as_with_exponent_bytes(
     lowbit_ckpt, small_ds, tmp_path, monkeypatch
 ):
@@ -343,6 +389,13 @@ def test_lowbit_is_refused_for_a_float_table(small_ds, tmp_path):
     ck = train_tiny("sasrec", {"dim": 16, "layers": 1}, small_ds, tmp_path / "ck", epochs=1)
     with pytest.raises(Exception, match="model.bits"):
         export(ck, tmp_path / "art", quant="lowbit", ds=small_ds, log=lambda *a: None)
+
+
+def test_lowbit8_is_refused_where_it_would_be_the_lowbit_file(lowbit_ckpt, small_ds, tmp_path):
+    """At D = 16 with one layer every encoder weight stays float: no second file to ship."""
+    with pytest.raises(ExportError, match="lowbit8 would equal lowbit"):
+        export(lowbit_ckpt, tmp_path / "art", quant="lowbit8", ds=small_ds, log=lambda *a: None)
+    assert not (tmp_path / "art").exists()
 
 
 def test_init_starts_from_a_checkpoint_and_a_bad_one_is_a_clear_error(
