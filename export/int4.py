@@ -72,7 +72,9 @@ class Blocks:
     scales: np.ndarray  # (rows, blocks) float32
     zeros: np.ndarray  # (rows, ceil(blocks / 2)) uint8, zero points packed like the codes
     cols: int  # values per row before padding to whole blocks
-    bits: int = 4  # 8: a code and a zero point a byte each, unpacked (decoded at load only)
+    # 8: codes (rows, blocks, block) and zero points (rows, blocks) a byte each, for the
+    # load-time decoder only (onnxruntime's block kernels read 4)
+    bits: int = 4
 
     @property
     def block(self) -> int:

@@ -23,8 +23,8 @@ rescales: 1 byte read and held per table value instead of 4. The rest of the gra
 positions) goes through the int4 rewrite (export/int4.py), which leaves the decoder's integer
 tensors alone and stores those small tensors as one 4-bit matrix decoded at load
 (`int4.ENCODER_DECODED_BELOW`); the `lowbit8` format stores that matrix in 8 bits: a few KB
-more, the same graph at run time, the encoder's weights 16x finer (on Beauty, LSAN's student
-seed 42's student loses 0.0004 test NDCG@10 to its encoder in 4 bits, none in 8).
+more, the same graph at run time, steps 17x finer (on Beauty, LSAN's seed-42 student loses
+0.0004 test NDCG@10 to its encoder in 4 bits, none in 8).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ int8-static (QDQ, activations calibrated on validation sequences); int4 (4-bit
 block-quantized weights, export/int4.py: item tables read by onnxruntime's 4-bit kernels, the
 encoder's small matrices decoded once at load); lowbit (a low-bit-trained item table at its own
 widths, export/lowbit.py) and lowbit8 (the same with the encoder's matrix in 8 bits).
-Tensors the quantizers leave in fp32 are stored as uint8 (fp16 for fp16), decoded once when the session loads.
+Tensors the quantizers leave in fp32 are stored as uint8 (fp16 for fp16), decoded once when
+the session loads.
 """
 
 from __future__ import annotations
