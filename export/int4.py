@@ -286,7 +286,6 @@ def decoder(
         p + ".flat": np.array([rows, blocks * block], np.int64),
         p + ".start": np.array([0], np.int64),
         p + ".end": np.array([q.cols], np.int64),
-        p + ".end_z": np.array([blocks], np.int64),
         p + ".last": np.array([-1], np.int64),
         p + ".moved": np.array(moved, np.int64),
     }
@@ -300,9 +299,11 @@ def decoder(
     else:
         nodes = unpack_nodes(prefix + ".codes", p + ".q", [rows, blocks, block], edit)
         nodes += unpack_nodes(prefix + ".zeros", p + ".z2", [rows, 2 * q.zeros.shape[1]], edit)
-        zeros = p + ".z"
+        zeros = p + ".z"  # the packed zero points less the pad of an odd block count
+        end_z = numpy_helper.from_array(np.array([blocks], np.int64), p + ".end_z")
+        edit.initializers.append(end_z)
         nodes.append(
-            helper.make_node("Slice", [p + ".z2", p + ".start", p + ".end_z", p + ".last"], [zeros])
+            helper.make_node("Slice", [p + ".z2", p + ".start", end_z.name, p + ".last"], [zeros])
         )
     nodes += [
         helper.make_node("Unsqueeze", [zeros, p + ".scale_axes"], [p + ".z3"]),

@@ -38,9 +38,10 @@ from lsan.info import DataInfo
 
 FORMATS = ("fp32", "fp16", "int8", "int8-static", "int4")  # what any checkpoint can ship
 # only for checkpoints trained with a low-bit item table (model.bits): the table at its trained
-# widths, the rest int4 (export/lowbit.py), or the encoder's weights in 8 bits (lowbit8: the
-# same requests, a few KB more); `--quant auto` adds them for them
-TABLE_FORMATS = ("lowbit", "lowbit8")
+# widths, the encoder's weights in 4 bits (export/lowbit.py) or in 8 (lowbit8: the same
+# requests, a few KB more); `--quant auto` adds them for them. Format -> the encoder's bits.
+ENCODER_BITS = {"lowbit": 4, "lowbit8": 8}
+TABLE_FORMATS = tuple(ENCODER_BITS)
 ALL_FORMATS = FORMATS + TABLE_FORMATS
 # what `--quant auto` tries: int8-static (QDQ) is never the best choice, so only an explicit
 # `--quant int8-static` builds it. Measured on Beauty SASRec D64 (1 thread, batch 1): 845 KB and
@@ -60,7 +61,7 @@ def convert(
 
     `table`: the checkpoint's low-bit item table (export/lowbit.py), for the lowbit format."""
     if fmt in TABLE_FORMATS:
-        quantize_lowbit(fp32, out, table, encoder_bits=8 if fmt == "lowbit8" else 4)
+        quantize_lowbit(fp32, out, table, ENCODER_BITS[fmt])
     else:
         _convert(fp32, out, fmt, calibration)
     m = onnx.load(str(out))

@@ -48,6 +48,18 @@ def train_tiny(name: str, model: dict, ds: SeqDataset, out: Path, epochs: int = 
     return out
 
 
+def loaded_graph(path, tmp_path):
+    """The graph onnxruntime runs after its load-time optimisation (constant folding included)."""
+    import onnx
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return onnx.load(str(tmp_path / "optimized.onnx"))
+
+
 def wait_ready(proc, url: str, log: Path, seconds: float = 60) -> None:
     """Wait until the server process `proc` answers GET url/ready with 200, or fail the test
     with its log (it exited, or it was not ready in time)."""

@@ -5,7 +5,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import train_tiny
+from conftest import loaded_graph, train_tiny
 
 from lsan.artifact import feeds
 from lsan.checkpoint import load_model
@@ -34,14 +34,6 @@ def graphs(small_ds, tmp_path_factory):
         convert(root / "fp32.onnx", root / "int8.onnx", "int8", [])
         out[key] = (root, info)
     return out
-
-
-def loaded_graph(path, tmp_path) -> onnx.ModelProto:
-    """The graph onnxruntime runs after its load-time optimisation (constant folding included)."""
-    opts = ort.SessionOptions()
-    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    return onnx.load(str(tmp_path / "optimized.onnx"))
 
 
 @pytest.mark.parametrize("key", list(KINDS))

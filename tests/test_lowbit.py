@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import train_tiny
+from conftest import loaded_graph, train_tiny
 from onnx import TensorProto, helper, numpy_helper
 
 from lsan import artifact
@@ -317,15 +317,6 @@ def test_the_lowbit_artifact_is_smaller_than_int4_and_ranks_like_pytorch(
     assert max(t.size for t in steps) < 64  # only the steps used, not all 256
 
 
-def optimized_ops(path, tmp_path) -> list[str]:
-    """The node types onnxruntime runs for `path`, in order, after its load-time folding."""
-    opts = ort.SessionOptions()
-    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    opts.log_severity_level = 3
-    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    return [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
-
-
 def test_lowbit8_is_the_same_table_and_requests_with_the_encoder_in_8_bits(small_ds, tmp_path):
     """`lowbit8` stores the encoder's one decoded-at-load matrix in 8 bits (LSAN's student at
     D = 32, whose matrices are big enough to be quantized at all): a byte and a half more for
@@ -356,9 +347,8 @@ def test_lowbit8_is_the_same_table_and_requests_with_the_encoder_in_8_bits(small
     }  # 4-bit: two codes a byte
     grown = metas["lowbit8"].model_onnx_bytes - metas["lowbit"].model_onnx_bytes
     assert 16 * rows - 600 <= grown <= 16 * rows  # less the nibble-unpacking nodes (~500 B)
-    assert optimized_ops(tmp_path / "lowbit" / artifact.MODEL, tmp_path) == optimized_ops(
-        tmp_path / "lowbit8" / artifact.MODEL, tmp_path
-    )
+    runs = [loaded_graph(tmp_path / q / artifact.MODEL, tmp_path).graph.node for q in metas]
+    assert [n.op_type for n in runs[0]] == [n.op_type for n in runs[1]]
 
 
 def test_an_export_with_nibble_exponents_scores_exactly_as_with_exponent_bytes(
