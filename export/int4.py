@@ -289,22 +289,20 @@ def decoder(
         p + ".last": np.array([-1], np.int64),
         p + ".moved": np.array(moved, np.int64),
     }
-    edit.initializers += [numpy_helper.from_array(v, k) for k, v in consts.items()]
     f = TensorProto.FLOAT
     if q.bits == 8:  # a byte a code: only the block axis to restore
-        shape3 = numpy_helper.from_array(np.array([rows, blocks, block], np.int64), p + ".shape3")
-        edit.initializers.append(shape3)
-        nodes = [helper.make_node("Reshape", [prefix + ".codes", shape3.name], [p + ".q"])]
+        consts[p + ".shape3"] = np.array([rows, blocks, block], np.int64)
+        nodes = [helper.make_node("Reshape", [prefix + ".codes", p + ".shape3"], [p + ".q"])]
         zeros = prefix + ".zeros"
     else:
         nodes = unpack_nodes(prefix + ".codes", p + ".q", [rows, blocks, block], edit)
         nodes += unpack_nodes(prefix + ".zeros", p + ".z2", [rows, 2 * q.zeros.shape[1]], edit)
         zeros = p + ".z"  # the packed zero points less the pad of an odd block count
-        end_z = numpy_helper.from_array(np.array([blocks], np.int64), p + ".end_z")
-        edit.initializers.append(end_z)
+        consts[p + ".end_z"] = np.array([blocks], np.int64)
         nodes.append(
-            helper.make_node("Slice", [p + ".z2", p + ".start", end_z.name, p + ".last"], [zeros])
+            helper.make_node("Slice", [p + ".z2", p + ".start", p + ".end_z", p + ".last"], [zeros])
         )
+    edit.initializers += [numpy_helper.from_array(v, k) for k, v in consts.items()]
     nodes += [
         helper.make_node("Unsqueeze", [zeros, p + ".scale_axes"], [p + ".z3"]),
         helper.make_node("Cast", [p + ".q"], [p + ".qf"], to=f),
