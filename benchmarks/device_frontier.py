@@ -32,6 +32,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,19 @@ def written(base: Path, formats: list[str]) -> dict[str, Path]:
     return {f: p for f, p in folders.items() if (p / "manifest.json").is_file()}
 
 
+def evictor(nbytes: int) -> Callable[[], None]:
+    """A call that reads through `nbytes` (nothing for 0), untimed before each cold call. The
+    buffer is written once, so its pages are real, not the shared zero page; reading leaves its
+    lines clean, nothing to write back later."""
+    scratch = np.ones(max(nbytes, 0) // 8)
+
+    def evict() -> None:
+        if scratch.size:
+            scratch.sum()
+
+    return evict
+
+
 def timings(
     arts: dict[str, Any], rounds: int = 20, calls: int = 20, evict_bytes: int = 0
 ) -> dict[str, dict]:
@@ -91,7 +105,7 @@ def timings(
     `evict_bytes` > 0: before every cold call (untimed) a buffer that large is read through, so the
     call finds its weights in memory, not in the caches, however few and small the files are.
     """
-    scratch = np.ones(max(evict_bytes, 0) // 8)  # written once: its pages are real, not zero
+    evict = evictor(evict_bytes)
     x = {}
     for key, a in arts.items():
         x[key] = request_feeds(a.meta.info, batch=1, length=a.meta.info.max_len)
@@ -102,8 +116,7 @@ def timings(
     for _ in range(rounds):
         for _ in range(calls):
             for key, a in arts.items():
-                if scratch.size:
-                    scratch.sum()  # every line read (clean: nothing to write back later)
+                evict()
                 t0 = time.perf_counter()
                 a.session.run(["top_items", "top_scores"], x[key])
                 cold[key].append(time.perf_counter() - t0)
