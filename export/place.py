@@ -3,7 +3,7 @@
 - `check_out`: --out must be absent, an empty folder, or an artifact an export wrote (its
   manifest lists exactly the files there). Anything else is refused unless --force, and then it
   is moved aside to `<out>.replaced-<time>`, never deleted. --out equal to, inside, or holding
-  the checkpoint is always refused.
+  the checkpoint is always refused. Missing parent folders are made, as `lsan train` does.
 - `staging`: everything is built in a temporary folder beside --out, `.<name>.export-<pid>-*`,
   removed on any exit (an exception, Ctrl-C, SIGTERM raised as an exception by the command).
   A folder left by a killed export (its pid gone) is removed by the next export to that --out.
@@ -54,8 +54,10 @@ def check_out(out: Path, ckpt: Path, force: bool) -> None:
         )
     if _inside(ck, where):
         raise ExportError(f"--out {out} holds the checkpoint {ckpt}: choose another folder")
-    if not out.parent.is_dir():
-        raise ExportError(f"output parent folder {out.parent} does not exist")
+    try:  # like `lsan train --out`: a missing parent (a fresh clone's artifacts/) is made
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot make the output folder {out.parent}: {e.strerror}") from None
     if not os.access(out.parent, os.W_OK):
         raise ExportError(f"output folder {out.parent} is not writable")
     if not force and not replaceable(out):

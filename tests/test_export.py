@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import REPO, train_tiny
 
-from lsan.artifact import MANIFEST, META, MODEL, NEG, TABLES, feeds, read
+from lsan.artifact import MANIFEST, META, MODEL, NEG, TABLES, feeds, is_artifact, read
 from lsan.checkpoint import load_model
 from lsan.export import ExportError, graph
 from lsan.export.export import export, main
@@ -148,13 +148,19 @@ def test_only_a_compositional_lsan_exports_the_fusion_softmax(artifacts):
         assert ("Softmax" in ops) == fused, name
 
 
+def test_missing_parent_folders_are_made(checkpoints, tmp_path):
+    """The README's `lsan export ... --out artifacts/x` on a fresh clone, where artifacts/ is not."""
+    out = tmp_path / "artifacts" / "deeper" / "a"
+    assert main([str(checkpoints["lsan"]), "--out", str(out), "--no-eval"]) == 0
+    assert is_artifact(out)
+
+
 def test_bad_inputs_are_clear_and_leave_nothing(checkpoints, tmp_path, capsys):
     assert main([str(tmp_path / "nope"), "--out", str(tmp_path / "a")]) == 1
     assert "not a checkpoint" in capsys.readouterr().err
-    assert (
-        main([str(checkpoints["lsan"]), "--out", str(tmp_path / "missing" / "a"), "--no-eval"]) == 1
-    )
-    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "file").write_text("not a folder")
+    assert main([str(checkpoints["lsan"]), "--out", str(tmp_path / "file" / "a"), "--no-eval"]) == 1
+    assert "cannot make the output folder" in capsys.readouterr().err
     with pytest.raises(ExportError, match="unknown quantization"):
         export(checkpoints["lsan"], tmp_path / "b", quant="int3")
     assert not (tmp_path / "a").exists() and not list(tmp_path.glob(".*.export-*"))
