@@ -3,9 +3,10 @@
 - `check_out`: --out must be absent, an empty folder, or an artifact an export wrote (its
   manifest lists exactly the files there). Anything else is refused unless --force, and then it
   is moved aside to `<out>.replaced-<time>`, never deleted. --out equal to, inside, or holding
-  the checkpoint is always refused. Missing parent folders are made, as `lsan train` does.
-- `staging`: everything is built in a temporary folder beside --out, `.<name>.export-<pid>-*`,
-  removed on any exit (an exception, Ctrl-C, SIGTERM raised as an exception by the command).
+  the checkpoint is always refused. A missing parent must be makeable.
+- `staging`: everything is built in a temporary folder beside --out (its missing parents
+  made), `.<name>.export-<pid>-*`, removed on any exit (an exception, Ctrl-C, SIGTERM raised as
+  an exception by the command).
   A folder left by a killed export (its pid gone) is removed by the next export to that --out.
 - `publish`: the new artifact replaces the old one by an atomic exchange of the two folders
   (Linux renameat2), then the old one is removed. Where the exchange is unsupported, two renames
@@ -54,12 +55,13 @@ def check_out(out: Path, ckpt: Path, force: bool) -> None:
         )
     if _inside(ck, where):
         raise ExportError(f"--out {out} holds the checkpoint {ckpt}: choose another folder")
-    try:  # like `lsan train --out`: a missing parent (a fresh clone's artifacts/) is made
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"cannot make the output folder {out.parent}: {e.strerror}") from None
-    if not os.access(out.parent, os.W_OK):
-        raise ExportError(f"output folder {out.parent} is not writable")
+    # a missing parent (a fresh clone's artifacts/) is made by `staging`, once every input has
+    # been checked; here only that it can be: its nearest existing ancestor is a writable folder
+    have = next(p for p in (out.parent, *out.parent.parents) if p.exists())
+    if not have.is_dir():
+        raise ExportError(f"cannot make the output folder {out.parent}: {have} is not a folder")
+    if not os.access(have, os.W_OK):
+        raise ExportError(f"output folder {have} is not writable")
     if not force and not replaceable(out):
         what = "a file" if not out.is_dir() else "a folder that is not an artifact"
         raise ExportError(f"--out {out} is {what} (nothing replaced; empty it, choose another "
@@ -92,7 +94,9 @@ def clean_stale(out: Path, log: Callable[[str], None]) -> None:
 
 @contextlib.contextmanager
 def staging(out: Path) -> Iterator[Path]:
-    """A temporary folder beside `out` (same filesystem: the swap is a rename), always removed."""
+    """A temporary folder beside `out` (same filesystem: the swap is a rename), always removed;
+    `out`'s missing parents are made first, as `lsan train --out` makes its folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-{os.getpid()}-", dir=out.parent))
     try:
         yield tmp
