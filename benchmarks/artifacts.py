@@ -16,7 +16,7 @@ from torch import nn
 from lsan.artifact import ArtifactError, ArtifactMeta, read
 from lsan.checkpoint import load_model
 from lsan.config import RunConfig
-from lsan.data.prepare import SeqDataset, load_dataset
+from lsan.data.prepare import SeqDataset, load_configured
 from lsan.export import ExportError
 from lsan.export.export import export
 from lsan.info import DataInfo
@@ -63,9 +63,9 @@ def load_checkpoints(paths: list[Path]) -> list[Checkpoint]:
 def dataset_for(ckpt: Checkpoint, data_dir: str, cache: dict[tuple, SeqDataset]) -> SeqDataset:
     """The checkpoint's dataset, loaded once per run for every checkpoint trained on it."""
     d = ckpt.run.data
-    key = (d.dataset, data_dir or d.data_dir, d.cache_dir, d.min_count)
+    key = (d.dataset, data_dir or d.data_dir, d.cache_dir, d.min_count, d.slot_rule)
     if key not in cache:
-        cache[key] = load_dataset(d.dataset, data_dir or d.data_dir, d.cache_dir, d.min_count)
+        cache[key] = load_configured(d, data_dir)
     return cache[key]
 
 

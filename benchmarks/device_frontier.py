@@ -185,11 +185,11 @@ def memory(folders: dict[str, Path], requests: int = 20) -> dict[str, dict]:
     return out
 
 
-def dataset(name: str, data_dir: str) -> Any:
+def dataset(name: str, data_dir: str, slot_rule: str = "auto") -> Any:
     """The prepared dataset the artifacts were trained on (their test split is compared)."""
     from lsan.data.prepare import load_dataset
 
-    return load_dataset(name, data_dir)
+    return load_dataset(name, data_dir, slot_rule=slot_rule)
 
 
 def paired_with_reference(
@@ -204,10 +204,13 @@ def paired_with_reference(
     ref_key = f"{reference}/fp32"
     if ref_key not in arts:
         return
-    ds = dataset(arts[ref_key].meta.dataset, data_dir)
+    by_rule: dict[str, Any] = {}  # the same users and items; the time slots by each file's rule
 
     def ranks(a: Any) -> np.ndarray:
         m = a.meta
+        if m.time_slot_rule not in by_rule:
+            by_rule[m.time_slot_rule] = dataset(m.dataset, data_dir, m.time_slot_rule)
+        ds = by_rule[m.time_slot_rule]
         return file_ranks(a.session, ds, m.info.max_len, m.contract.k, m.batch_invariant)
 
     ref = ranks(arts[ref_key])

@@ -23,7 +23,7 @@ from pathlib import Path
 from lsan import artifact
 from lsan.artifact import ArtifactMeta, Check
 from lsan.checkpoint import CheckpointError, load_model
-from lsan.data.prepare import SeqDataset, data_root, load_dataset
+from lsan.data.prepare import SeqDataset, data_root, load_configured, with_slot_rule
 from lsan.data.readers import DataError, read_titles
 from lsan.export import ExportError, place
 from lsan.export.graph import OPSET, embed_properties, export_fp32
@@ -73,9 +73,8 @@ def export(
         raise ExportError(f"--k must be in 1..{info.num_items}")
     dataset = json.loads((ckpt / "dataset.json").read_text())
     if evaluate_data and ds is None:
-        d = run.data
-        ds = load_dataset(d.dataset, data_dir or d.data_dir, cache_dir or d.cache_dir, d.min_count)
-    ds = ds if evaluate_data else None
+        ds = load_configured(run.data, data_dir, cache_dir)
+    ds = with_slot_rule(ds, run.data.slot_rule) if evaluate_data and ds is not None else None
     torch_test = pytorch_metrics(model, run, info, ds) if ds is not None else None
     tried = list(formats) if quant == "auto" else [quant]
     if quant == "auto" and table is not None:

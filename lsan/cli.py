@@ -175,7 +175,7 @@ def _checkpoint_ranks(path: str, args: argparse.Namespace, device, ds=None):
     if ds is None:
         ds = load_dataset(
             data.dataset, args.data_dir or data.data_dir, args.cache_dir or data.cache_dir,
-            data.min_count,
+            data.min_count, slot_rule=data.slot_rule,
         )  # fmt: skip
     have = {"items": ds.num_items, "categories": ds.num_categories, "time slots": ds.num_slots}
     want = {
@@ -353,7 +353,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError("--trials must be at least 1")
     run = build_run(args.dataset, args.model, args.config, args.set,
                     data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device)  # fmt: skip
-    ds = load_dataset(run.data.dataset, run.data.data_dir, run.data.cache_dir, run.data.min_count)
+    d = run.data
+    ds = load_dataset(d.dataset, d.data_dir, d.cache_dir, d.min_count, slot_rule=d.slot_rule)
     out = Path(args.out or f"runs/tune-{args.dataset}-{args.model}")
     summary = tune_run(run, space, args.trials, out, ds, args.address, args.command_line,
                        progress=not args.quiet)  # fmt: skip

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lsan.data.slots import RULES as SLOT_RULES
+
 
 class ConfigError(ValueError):
     """A configuration value or key the user gave is invalid."""
@@ -41,6 +43,7 @@ class DataConfig:
     max_len: int = (
         0  # longest history fed to a model, in items; 0 = dataset default (50; 200 for ML-1M)
     )
+    slot_rule: str = "auto"  # time context: auto (hour, or weekday for day-granular data), hour, weekday, gap (time since the previous interaction), none
 
     def __post_init__(self) -> None:
         validate(self, "data.")
@@ -148,6 +151,7 @@ RULES: dict[str, Rule] = {
     "data.dataset": ((lambda v: v != ""), "must name a dataset"),
     "data.min_count": _at_least(1),
     "data.max_len": _at_least(0),
+    "data.slot_rule": _one_of(*SLOT_RULES),
     # train
     "train.lr": _above(0),
     "train.batch_size": _at_least(1),

@@ -31,7 +31,7 @@ from lsan.checkpoint import (
 )
 from lsan.config import ConfigError, RunConfig
 from lsan.data.batching import item_counts, train_tensors
-from lsan.data.prepare import SeqDataset, default_max_len, load_dataset
+from lsan.data.prepare import SeqDataset, default_max_len, load_configured, with_slot_rule
 from lsan.distill import (
     TeacherError,
     Teachers,
@@ -160,9 +160,8 @@ def train(
     seed_everything(tc.seed)
     if ds is None:
         with distributed.main_first(ctx):  # rank 0 prepares and caches, the others read the cache
-            ds = load_dataset(
-                run.data.dataset, run.data.data_dir, run.data.cache_dir, run.data.min_count
-            )
+            ds = load_configured(run.data)
+    ds = with_slot_rule(ds, run.data.slot_rule)  # a given dataset too (a tune may vary the rule)
     run, info = resolve(run, ds)
     model = build_model(run.model_name, run.model, info).to(device)
     data = train_tensors(ds, info.max_len).to(device)

@@ -94,6 +94,7 @@ BAD = {
     "data.cache_dir": [(["a"], "cannot read ['a'] as str")],
     "data.min_count": [("0", "must be >= 1"), ("2.5", "cannot read '2.5' as int")],
     "data.max_len": [("-1", "must be >= 0"), (True, "cannot read True as int")],
+    "data.slot_rule": [("minute", "unknown slot_rule 'minute'"), (3, "cannot read 3 as str")],
     "train.lr": [
         ("0", "must be > 0"),
         ("nan", "cannot read 'nan' as float"),

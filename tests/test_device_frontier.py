@@ -10,6 +10,7 @@ from conftest import train_tiny
 from lsan.benchmarks import device_frontier, floor
 from lsan.benchmarks.device_frontier import RESULT_KEYS
 from lsan.benchmarks.env import last_level_cache_bytes
+from lsan.data.prepare import with_slot_rule
 
 EVICT_MIB = max(2 * last_level_cache_bytes() >> 20, 8)  # twice the cache: nothing of a file left
 
@@ -34,7 +35,8 @@ def frontier(small_ds, tmp_path_factory):
         return device_frontier.written(base, formats)
 
     device_frontier.export_row = export_row
-    load_all, device_frontier.dataset = device_frontier.dataset, lambda name, data_dir: small_ds
+    load_all = device_frontier.dataset
+    device_frontier.dataset = lambda name, data_dir, rule="auto": with_slot_rule(small_ds, rule)
     common = ["--name", "tiny", "--work", str(root / "art"), "--rounds", "2", "--formats", "fp32",
               "int8", "--reference", "big"]  # fmt: skip
     try:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from lsan.checkpoint import dataset_record
+from lsan.config import ConfigError, DataConfig
 from lsan.data.prepare import (
     UNKNOWN,
     CategoryWarning,
@@ -60,6 +61,36 @@ def test_time_slots_rules():
     assert slot_rule_for(None) == "none"
     ds = build(raw([1] * 5, [1, 2, 3, 4, 5]), "toy", 1)
     assert ds.slot_rule == "none" and set(ds.slots.tolist()) == {UNKNOWN} and ds.num_slots == 2
+
+
+def test_gap_rule_reads_the_time_since_the_entry_before():
+    day = 86400
+    ts = np.array([0, 0, 30, 90, day, 3 * day, 2 * day, -1, 5 * day, 10**10, 10**10 + day])
+    # first: unknown; same second/day: 2; under 2 minutes: 3; 1 day = 1440 min: 2^10 -> 13;
+    # 2 days later 2^11 -> 14; backwards, into or out of an unknown time: unknown; ~316 years:
+    # the last octave (25); one day after that: 13
+    assert time_slots(ts, "gap").tolist() == [1, 2, 3, 3, 13, 14, 1, 1, 1, 25, 13]
+    starts = np.zeros(len(ts), dtype=bool)
+    starts[[0, 4]] = True  # a second user begins at entry 4
+    assert time_slots(ts, "gap", starts)[4] == UNKNOWN
+    assert time_slots(np.array([7]), "gap").tolist() == [UNKNOWN]
+    assert time_slots(np.zeros(0, dtype=np.int64), "gap").tolist() == []
+
+
+def test_slot_rule_is_chosen_at_load_and_checked(tmp_path):
+    auto = load_dataset("synthetic", cache_dir=str(tmp_path))
+    gap = load_dataset("synthetic", cache_dir=str(tmp_path), slot_rule="gap")
+    assert auto.slot_rule == "hour" and gap.slot_rule == "gap" and gap.num_slots == 26
+    assert np.array_equal(gap.items, auto.items) and not np.array_equal(gap.slots, auto.slots)
+    assert (
+        gap.stats["slot_rule"] == "gap"
+        and gap.slots[gap.offsets[:-1]].tolist() == [UNKNOWN] * gap.num_users
+    )
+    assert load_dataset("synthetic", cache_dir=str(tmp_path), slot_rule="hour") is not gap
+    with pytest.raises(DataError, match="unknown time-slot rule 'minute'"):
+        load_dataset("synthetic", cache_dir=str(tmp_path), slot_rule="minute")
+    with pytest.raises(ConfigError, match="data.slot_rule"):
+        DataConfig(slot_rule="minute")
 
 
 def test_empty_after_filter_is_a_clear_error():

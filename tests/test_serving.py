@@ -4,6 +4,7 @@ schema fuzzing and a bounded load test with a flat-memory check."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -31,7 +32,8 @@ from schemathesis import GenerationMode
 
 from lsan.artifact import MODEL, read
 from lsan.benchmarks import serve_load
-from lsan.data.slots import time_slots
+from lsan.data.prepare import with_slot_rule
+from lsan.data.slots import UNKNOWN, time_slots
 from lsan.export.export import export
 from lsan.serving import app as app_module
 from lsan.serving.app import create_app, serve
@@ -130,12 +132,26 @@ def test_recommend_ranks_raw_ids_and_excludes_seen(client, catalogue):
     assert scores == pytest.approx([s for _, s in direct.items], abs=1e-6)
 
 
-def test_id_lookup_and_encoding_match_a_plain_reference(artifact, catalogue):
+def gap_slot(prev: float | None, cur: float | None) -> int:
+    """The "gap" rule for one entry, written out: the time since the entry before it."""
+    if prev is None or cur is None or int(cur) < int(prev) or prev < 0:
+        return UNKNOWN
+    seconds = int(cur) - int(prev)
+    if seconds == 0:
+        return 2
+    return 3 + min(max(math.floor(math.log2(max(seconds / 60, 1))), 0), 22)
+
+
+@pytest.mark.parametrize("rule", ["own", "gap"])
+def test_id_lookup_and_encoding_match_a_plain_reference(artifact, catalogue, rule):
     """The runtime's vectorised encoding against one written entry by entry: the direct id
     table and the binary search agree on every id (out-of-range ones too), unknown ids are
     skipped and reported in order, None means an unknown time slot, the last max_len known
-    entries are kept, and every known id is excluded."""
+    entries are kept, and every known id is excluded. Under "gap" each kept entry's slot is the
+    time since the known entry before it, the first kept one included (truncation keeps it)."""
     art = load_artifact(artifact)
+    if rule == "gap":
+        art.slot_rule = "gap"
     assert art.direct is not None  # the test data's raw ids are dense
     index = {raw: i for i, raw in enumerate(catalogue, 1)}
     probe = [*catalogue, -(2**63), -1, 0, max(catalogue) + 1, 10**12, 2**63 - 1]
@@ -148,14 +164,22 @@ def test_id_lookup_and_encoding_match_a_plain_reference(artifact, catalogue):
     for trial in range(30):
         n = rng.randint(0, 3 * art.max_len)
         raw = [rng.choice(catalogue) if rng.random() < 0.8 else 10**9 + j for j in range(n)]
-        hist = [(r, None if rng.random() < 0.3 else T0 + 3571.5 * j) for j, r in enumerate(raw)]
+        # times mostly rising (by up to ~2 days, sometimes not at all), now and then earlier
+        when = [T0 + rng.choice([0, 0.5, 59, 3571.5, 170000]) * j * rng.choice([1, 1, 1, -1])
+                for j in range(n)]  # fmt: skip
+        hist = [(r, None if rng.random() < 0.3 else w) for r, w in zip(raw, when, strict=True)]
         feeds, unknown, known = art.encode([hist], exclude_seen=trial % 2 == 0)
         kept = [(index[r], s) for r, s in hist if r in index]
         assert unknown == [[r for r, _ in hist if r not in index]] and known == [len(kept)]
-        last = kept[len(kept) - min(len(kept), art.max_len) :]
+        start = len(kept) - min(len(kept), art.max_len)
+        last = kept[start:]
         pad = art.max_len - len(last)
-        slots = [int(time_slots(np.array([-1 if s is None else int(s)]), art.slot_rule)[0])
-                 for _, s in last]  # fmt: skip
+        if rule == "gap":
+            before = [None, *(s for _, s in kept)]
+            slots = [gap_slot(before[start + j], s) for j, (_, s) in enumerate(last)]
+        else:
+            slots = [int(time_slots(np.array([-1 if s is None else int(s)]), art.slot_rule)[0])
+                     for _, s in last]  # fmt: skip
         assert feeds["items"][0].tolist() == [0] * pad + [i for i, _ in last]
         assert feeds["slots"][0].tolist() == [0] * pad + slots
         assert feeds["cats"][0].tolist() == art.category[feeds["items"][0]].tolist()
@@ -164,6 +188,25 @@ def test_id_lookup_and_encoding_match_a_plain_reference(artifact, catalogue):
             assert excluded[: len(kept)] == [i for i, _ in kept] and not any(excluded[len(kept) :])
         else:
             assert excluded == [0]
+
+
+@pytest.mark.parametrize("rule", ["hour", "weekday", "gap", "none"])
+def test_served_slots_are_the_trained_ones(artifact, small_ds, rule):
+    """A user's whole history sent to the runtime gets the time slots training windows read
+    for that user's last max_len items, under every rule ("gap" across the truncation too)."""
+    art = load_artifact(artifact)
+    art.slot_rule = rule
+    ds = with_slot_rule(small_ds, rule)
+    assert ds.slot_rule == rule and small_ds.slot_rule == "hour"  # the fixture's own rule kept
+    long = [u for u in range(ds.num_users) if ds.lengths[u] > art.max_len][:20]
+    assert long, "the fixture has users longer than max_len"
+    for u in [*long, 0, 1]:
+        lo, hi = ds.offsets[u], ds.offsets[u + 1]
+        hist = [(int(ds.raw_item_ids[i]), float(t))
+                for i, t in zip(ds.items[lo:hi], ds.timestamps[lo:hi], strict=True)]  # fmt: skip
+        feeds, _, _ = art.encode([hist], exclude_seen=False)
+        n = min(hi - lo, art.max_len)
+        assert feeds["slots"][0, art.max_len - n :].tolist() == ds.slots[hi - n : hi].tolist()
 
 
 def test_most_recent_entries_are_used(client, catalogue):

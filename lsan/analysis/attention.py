@@ -32,7 +32,7 @@ from lsan.analysis.measures import distance_mass, normalized_spectrum, sparsity,
 from lsan.checkpoint import CheckpointError, load_model
 from lsan.config import ConfigError
 from lsan.data.batching import SPLITS, eval_tensors
-from lsan.data.prepare import PAD, SeqDataset, load_dataset
+from lsan.data.prepare import PAD, SeqDataset, load_configured
 from lsan.models.objectives import inference_inputs, uses_users
 
 
@@ -155,7 +155,7 @@ def analyze(
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
 ) -> list[ModelAttention]:  # fmt: skip
     """Analyse every checkpoint whose model returns attention weights; skip the others."""
-    datasets: dict[tuple[str, str, str, int], SeqDataset] = {}  # each dataset is loaded once
+    datasets: dict[tuple[str, str, str, int, str], SeqDataset] = {}  # each dataset is loaded once
     results = []
     for ckpt in checkpoints:
         model, run, info = load_model(ckpt, device)
@@ -163,9 +163,15 @@ def analyze(
             log(f"skipped {ckpt}: model '{run.model_name}' has no attention weights to analyse")
             continue
         d = run.data
-        key = (d.dataset, data_dir or d.data_dir, cache_dir or d.cache_dir, d.min_count)
+        key = (
+            d.dataset,
+            data_dir or d.data_dir,
+            cache_dir or d.cache_dir,
+            d.min_count,
+            d.slot_rule,
+        )
         if key not in datasets:
-            datasets[key] = load_dataset(*key)
+            datasets[key] = load_configured(d, data_dir, cache_dir)
         ds = datasets[key]
         if ds.num_items != info.num_items:
             raise CheckpointError(

@@ -25,17 +25,20 @@ import hashlib
 import json
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lsan.data.readers import REAL_DATASETS, DataError, RawData, read_dataset
-from lsan.data.slots import NUM_SLOTS, UNKNOWN, time_slots
+from lsan.data.slots import NUM_SLOTS, RULES, UNKNOWN, time_slots
 from lsan.data.slots import PAD as PAD  # re-exported: the padding id of items, categories, slots
 from lsan.data.synthetic import SyntheticConfig, generate
 from lsan.digest import file_digest
+
+if TYPE_CHECKING:
+    from lsan.config import DataConfig
 
 PREP_VERSION = 2  # bump when preparation changes, to invalidate caches
 # Generated datasets: the default (seconds to build) and a 1M-item catalogue for scale runs:
@@ -253,11 +256,19 @@ def _load(path: Path) -> SeqDataset:
 
 
 def load_dataset(
-    name: str, data_dir: str = "", cache_dir: str = "", min_count: int = 5, use_cache: bool = True
+    name: str,
+    data_dir: str = "",
+    cache_dir: str = "",
+    min_count: int = 5,
+    use_cache: bool = True,
+    slot_rule: str = "auto",
 ) -> SeqDataset:
-    """Prepared dataset `name`, from the cache when the raw files and options are unchanged."""
+    """Prepared dataset `name`, from the cache when the raw files and options are unchanged;
+    its time slots by `slot_rule` ("auto": hour or weekday, whichever the timestamps resolve)."""
     if name not in DATASETS:
         raise DataError(f"unknown dataset '{name}' (known: {', '.join(DATASETS)})")
+    if slot_rule not in RULES:
+        raise DataError(f"unknown time-slot rule {slot_rule!r} (known: {', '.join(RULES)})")
     if name in SYNTHETIC:
         gen = SYNTHETIC[name]
         key_src = f"{PREP_VERSION}|{name}|{gen}|{min_count}"
@@ -282,7 +293,24 @@ def load_dataset(
     message = category_warning(ds)
     if message is not None:
         warnings.warn(message, CategoryWarning, stacklevel=2)
-    return ds
+    return with_slot_rule(ds, slot_rule)
+
+
+def load_configured(data: DataConfig, data_dir: str = "", cache_dir: str = "") -> SeqDataset:
+    """The dataset a run's `data` config names (`data_dir` / `cache_dir` override its own)."""
+    return load_dataset(data.dataset, data_dir or data.data_dir, cache_dir or data.cache_dir,
+                        data.min_count, slot_rule=data.slot_rule)  # fmt: skip
+
+
+def with_slot_rule(ds: SeqDataset, rule: str) -> SeqDataset:
+    """`ds` with its time slots by `rule` ("auto" keeps the prepared ones); cheap, so uncached."""
+    if rule in ("auto", ds.slot_rule):
+        return ds
+    starts = np.zeros(len(ds.items), dtype=bool)
+    starts[ds.offsets[:-1][ds.lengths > 0]] = True
+    slots = time_slots(ds.timestamps, rule, starts)
+    stats = ds.stats | {"time_slots": NUM_SLOTS[rule] - 2, "slot_rule": rule}
+    return replace(ds, slots=slots, slot_rule=rule, stats=stats)
 
 
 def default_max_len(name: str) -> int:
