@@ -177,6 +177,10 @@ def _checkpoint_ranks(path: str, args: argparse.Namespace, device, ds=None):
             data.dataset, args.data_dir or data.data_dir, args.cache_dir or data.cache_dir,
             data.min_count, slot_rule=data.slot_rule,
         )  # fmt: skip
+    else:  # the same users and items; the time slots by this checkpoint's rule
+        from lsan.data.prepare import with_slot_rule
+
+        ds = with_slot_rule(ds, data.slot_rule)
     have = {"items": ds.num_items, "categories": ds.num_categories, "time slots": ds.num_slots}
     want = {
         "items": info.num_items,

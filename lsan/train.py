@@ -161,7 +161,7 @@ def train(
     if ds is None:
         with distributed.main_first(ctx):  # rank 0 prepares and caches, the others read the cache
             ds = load_configured(run.data)
-    ds = with_slot_rule(ds, run.data.slot_rule)  # a given dataset too (a tune may vary the rule)
+    ds = with_slot_rule(ds, run.data.slot_rule)  # a given dataset too (a tune may vary it)
     run, info = resolve(run, ds)
     model = build_model(run.model_name, run.model, info).to(device)
     data = train_tensors(ds, info.max_len).to(device)

@@ -69,6 +69,26 @@ def test_train_then_evaluate_matches_metrics(tmp_path, capsys):
     assert "| ck " in (tmp_path / "r.md").read_text()
 
 
+def test_evaluate_against_a_checkpoint_of_another_slot_rule(tmp_path, capsys):
+    """Paired over the same users, each checkpoint sees its own time slots: the "gap" one and
+    the default one each score as they do alone, whichever goes first."""
+    runs = {}
+    for rule in ("auto", "gap"):
+        runs[rule] = tmp_path / rule
+        argv = ["train", "--dataset", "synthetic", "--model", "lsan_full", *FAST,
+                "--set", f"data.slot_rule={rule}", "--out", str(runs[rule]), "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+    capsys.readouterr()
+    alone = {r: json.loads((runs[r] / "metrics.json").read_text())["test"]["NDCG@10"] for r in runs}
+    assert json.loads((runs["gap"] / "dataset.json").read_text())["slot_rule"] == "gap"
+    for first, other in (("gap", "auto"), ("auto", "gap")):
+        argv = ["evaluate", str(runs[first]), "--against", str(runs[other]), "--json"]
+        assert main([*argv, "--device", "cpu"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["NDCG@10"] == alone[first]
+        assert shown["against"][0]["NDCG@10"] == alone[other]
+
+
 def test_demo_prints_side_by_side_table(tmp_path, capsys):
     assert (
         main(

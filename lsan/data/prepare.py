@@ -303,8 +303,10 @@ def load_configured(data: DataConfig, data_dir: str = "", cache_dir: str = "") -
 
 
 def with_slot_rule(ds: SeqDataset, rule: str) -> SeqDataset:
-    """`ds` with its time slots by `rule` ("auto" keeps the prepared ones); cheap, so uncached."""
-    if rule in ("auto", ds.slot_rule):
+    """`ds` with its time slots by `rule` ("auto": as `build` chose them); cheap, so uncached."""
+    if rule == "auto":
+        rule = slot_rule_for(ds.timestamps) if bool(np.any(ds.timestamps >= 0)) else "none"
+    if rule == ds.slot_rule:
         return ds
     starts = np.zeros(len(ds.items), dtype=bool)
     starts[ds.offsets[:-1][ds.lengths > 0]] = True
