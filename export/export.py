@@ -75,6 +75,11 @@ def export(
     if evaluate_data and ds is None:
         ds = load_configured(run.data, data_dir, cache_dir)
     ds = with_slot_rule(ds, run.data.slot_rule) if evaluate_data and ds is not None else None
+    if ds is not None and ds.slot_rule != dataset["slot_rule"]:  # hour and gap: as many slots
+        raise ExportError(
+            f"{ckpt}: trained on time slots by the rule {dataset['slot_rule']!r}, the data to "
+            f"check it on has {ds.slot_rule!r}"
+        )
     torch_test = pytorch_metrics(model, run, info, ds) if ds is not None else None
     tried = list(formats) if quant == "auto" else [quant]
     if quant == "auto" and table is not None:

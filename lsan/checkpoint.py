@@ -66,6 +66,14 @@ def dataset_record(ds: SeqDataset) -> dict[str, Any]:
     }
 
 
+def recorded_slot_rule(ckpt: str | Path) -> str:
+    """The time-slot rule checkpoint `ckpt` was trained with (its dataset.json); "" if unread."""
+    try:
+        return str(json.loads((Path(ckpt) / "dataset.json").read_text())["slot_rule"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
 def save_config(out: Path, run: RunConfig, info: DataInfo) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", {"run": to_dict(run), "info": dataclasses.asdict(info)})

@@ -167,7 +167,7 @@ def _checkpoint_ranks(path: str, args: argparse.Namespace, device, ds=None):
 
     `ds` is reused when given (several checkpoints of one dataset); the checkpoint must have been
     trained on the dataset as it is now (same items, categories and time slots)."""
-    from lsan.checkpoint import CheckpointError, load_model
+    from lsan.checkpoint import CheckpointError, load_model, recorded_slot_rule
     from lsan.evaluate import rank_users
 
     model, run, info = load_model(path, device)
@@ -191,6 +191,12 @@ def _checkpoint_ranks(path: str, args: argparse.Namespace, device, ds=None):
         raise CheckpointError(
             f"{path}: trained on '{data.dataset}', compared on '{ds.name}': a paired comparison "
             "needs the same users"
+        )
+    rule = recorded_slot_rule(path)
+    if rule and rule != ds.slot_rule:  # hour and gap have as many slots
+        raise CheckpointError(
+            f"{Path(path) / 'dataset.json'}: trained on time slots by the rule {rule!r}, "
+            f"evaluated on {ds.slot_rule!r}"
         )
     for what in have:
         if have[what] != want[what]:

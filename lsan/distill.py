@@ -39,11 +39,18 @@ class TeacherError(ValueError):
     """The teacher cannot teach this student."""
 
 
+def slot_tensors(model: nn.Module) -> list[str]:
+    """State-dict names of `model`'s time-slot embeddings (LSAN's context; most models have none)."""
+    return [f"{name}.weight" for name, m in model.named_modules()
+            if isinstance(m, nn.Embedding) and name.split(".")[-1] == "slot"]  # fmt: skip
+
+
 def load_teacher(
-    path: str, info: DataInfo, device: torch.device, expected_sha256: str = ""
+    path: str, info: DataInfo, device: torch.device, expected_sha256: str = "", slot_rule: str = ""
 ) -> tuple[nn.Module, str, str]:
-    """The frozen teacher of checkpoint `path`, the digest of its model.pt and its model name."""
-    from lsan.checkpoint import CheckpointError, load_model
+    """The frozen teacher of checkpoint `path`, the digest of its model.pt and its model name;
+    a teacher that reads time slots must read them by the student's `slot_rule` (if given)."""
+    from lsan.checkpoint import CheckpointError, load_model, recorded_slot_rule
 
     try:
         teacher, run, t_info = load_model(path, device)
@@ -62,6 +69,12 @@ def load_teacher(
     if t_info.max_len < info.max_len:
         raise TeacherError(
             f"teacher {path} reads {t_info.max_len} positions, fewer than {info.max_len}"
+        )
+    theirs = recorded_slot_rule(path)
+    if slot_rule and slot_tensors(teacher) and theirs != slot_rule:
+        raise TeacherError(
+            f"teacher {path} reads time slots by the rule {theirs!r}, the student's data by "
+            f"{slot_rule!r}: train the student with --set data.slot_rule={theirs or 'auto'}"
         )
     if is_autoencoding(teacher) or uses_users(teacher):
         raise TeacherError(
@@ -105,7 +118,7 @@ class Teachers:
 
 
 def load_teachers(
-    spec: str, info: DataInfo, device: torch.device, expected_sha256: str = ""
+    spec: str, info: DataInfo, device: torch.device, expected_sha256: str = "", slot_rule: str = ""
 ) -> tuple[Teachers, str, str]:
     """The teachers of `spec` (checkpoint directories separated by ","), their digests and
     model names joined the same way; `expected_sha256` (as recorded) must match if given."""
@@ -118,7 +131,8 @@ def load_teachers(
             f"train.teacher names {len(paths)} checkpoints, the run recorded {len(expected)}; "
             "resume with the same teachers"
         )
-    loaded = [load_teacher(p, info, device, e) for p, e in zip(paths, expected, strict=True)]
+    loaded = [load_teacher(p, info, device, e, slot_rule)
+              for p, e in zip(paths, expected, strict=True)]  # fmt: skip
     return (
         Teachers([t for t, _, _ in loaded]),
         ",".join(d for _, d, _ in loaded),
@@ -169,8 +183,10 @@ def init_from_teacher(model: nn.Module, teacher: nn.Module) -> list[str]:
     return taken
 
 
-def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
-    """Start `model` from checkpoint `path`'s best weights where names and shapes match.
+def init_from_checkpoint(model: nn.Module, path: str, slot_rule: str = "") -> dict[str, Any]:
+    """Start `model` from checkpoint `path`'s best weights where names and shapes match; its
+    time-slot embeddings only if it read slots by the same rule as `slot_rule` (if given): hour
+    and gap both have 26 slots, which mean different things.
 
     Unlike `teacher_init` the item table is taken too: a low-bit student (`model.bits`) starts
     from a trained float model of its own D and only learns to live on the grid. Buffers that
@@ -180,7 +196,7 @@ def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
     later stage such as an output bias fitted alone starts from the same model); otherwise
     they are chosen for the weights just taken.
     """
-    from lsan.checkpoint import CheckpointError, load_model
+    from lsan.checkpoint import CheckpointError, load_model, recorded_slot_rule
 
     try:
         source, run, _ = load_model(path)
@@ -188,8 +204,11 @@ def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
         raise TeacherError(f"train.init {path}: {exc}") from None
     own = model.state_dict()
     theirs = source.state_dict()
+    other_rule = slot_rule and recorded_slot_rule(path) != slot_rule
+    skipped = slot_tensors(model) if other_rule else []
     taken = [k for k, v in theirs.items()
-             if k in own and own[k].shape == v.shape and not k.endswith("row_bits")]  # fmt: skip
+             if k in own and own[k].shape == v.shape and not k.endswith("row_bits")
+             and k not in skipped]  # fmt: skip
     if not taken:
         raise TeacherError(f"train.init {path} ({run.model_name}) shares no tensor with this model")
     model.load_state_dict({**own, **{k: theirs[k].to(own[k].device) for k in taken}})
@@ -201,8 +220,12 @@ def init_from_checkpoint(model: nn.Module, path: str) -> dict[str, Any]:
     )  # fmt: skip
     if isinstance(table, LowBitTable) and not same_grid:
         table.refresh()  # steps for the weights just taken
-    return {"path": path, "sha256": file_digest(Path(path) / "model.pt"),
-            "tensors": len(taken), "of": len(own)}  # fmt: skip
+    record = {"path": path, "sha256": file_digest(Path(path) / "model.pt"),
+              "tensors": len(taken), "of": len(own)}  # fmt: skip
+    if skipped:
+        rule = recorded_slot_rule(path)
+        record["not_taken"] = f"{', '.join(skipped)}: trained by slot rule {rule!r}"
+    return record
 
 
 def prepare_codes(

@@ -119,7 +119,7 @@ def resolve(run: RunConfig, ds: SeqDataset) -> tuple[RunConfig, DataInfo]:
 
 
 def attach_teacher(
-    run: RunConfig, info: DataInfo, device: torch.device, resumed: Path | None
+    run: RunConfig, info: DataInfo, device: torch.device, resumed: Path | None, slot_rule: str = ""
 ) -> tuple[RunConfig, Teachers | None, dict[str, str]]:
     """Load `train.teacher` (one checkpoint or several, ","-separated) and record the digests in
     the run; a resume keeps its teachers."""
@@ -131,7 +131,7 @@ def attach_teacher(
     expected = ""
     if resumed is not None and (resumed / "config.json").is_file():
         expected = read_config(resumed)[0].train.teacher_sha256
-    teachers, digest, name = load_teachers(tc.teacher, info, device, expected)
+    teachers, digest, name = load_teachers(tc.teacher, info, device, expected, slot_rule)
     run = dataclasses.replace(run, train=dataclasses.replace(tc, teacher_sha256=digest))
     return run, teachers.to(device), {"path": tc.teacher, "sha256": digest, "model": name}
 
@@ -165,7 +165,8 @@ def train(
     run, info = resolve(run, ds)
     model = build_model(run.model_name, run.model, info).to(device)
     data = train_tensors(ds, info.max_len).to(device)
-    run, teacher, teacher_record = attach_teacher(run, info, device, out if resume else None)
+    resumed = out if resume else None
+    run, teacher, teacher_record = attach_teacher(run, info, device, resumed, ds.slot_rule)
     tc = run.train
     codes = prepare_codes(model, item_counts(ds), teacher, tc.seed)
     if tc.teacher_init:
@@ -173,7 +174,7 @@ def train(
             raise TeacherError("train.teacher_init needs a teacher (--teacher CKPT)")
         taken = init_from_teacher(model, teacher.single("train.teacher_init"))
         teacher_record["initialised_from"] = f"{len(taken)} tensors"
-    init = init_from_checkpoint(model, tc.init) if tc.init else {}
+    init = init_from_checkpoint(model, tc.init, ds.slot_rule) if tc.init else {}
     trainable = getattr(model, "trainable", True)
     if not trainable:
         cast(Pop, model).fit_counts(torch.as_tensor(item_counts(ds)))

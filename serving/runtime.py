@@ -98,9 +98,10 @@ class Artifact:
             n = min(len(idx), t)  # keep the most recent max_len
             if n:
                 items[r, t - n :] = idx[len(idx) - n :]
-                # None (no timestamp) -> NaN -> -1, which time_slots reads as unknown; the
-                # whole history's slots, then the kept ones ("gap" reads the item before)
-                ts = np.fmax(np.array(seconds, dtype=np.float64), -1.0)
+                # None (no timestamp) -> NaN -> -1, which time_slots reads as unknown; "gap"
+                # reads the whole history (a kept entry's gap is to the entry before it)
+                since = 0 if self.slot_rule == "gap" else len(seconds) - n
+                ts = np.fmax(np.array(seconds[since:], dtype=np.float64), -1.0)
                 slots[r, t - n :] = time_slots(ts, self.slot_rule)[len(ts) - n :]
         known_counts = [len(idx) for idx in kept]
         # the exclude width in powers of two (PAD entries exclude nothing): few distinct input

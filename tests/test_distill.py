@@ -1,5 +1,6 @@
 """Item tables behind one interface, data-driven codes, and distillation from a teacher."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -8,7 +9,7 @@ import torch
 
 from lsan.checkpoint import load_model
 from lsan.config import DataConfig, RunConfig, TrainConfig
-from lsan.distill import TeacherError
+from lsan.distill import TeacherError, init_from_checkpoint
 from lsan.models import DataInfo, build_model, model_config
 from lsan.models.codes import assign, popularity_rank, residual_kmeans
 from lsan.models.item_tables import CodeTable, QRTable, TableConfig, build_item_table
@@ -296,3 +297,36 @@ def test_teacher_init_copies_the_encoder_but_not_the_table():
     assert student.item_emb.tables[0].shape == (8, 16)
     small = build_model("sasrec", model_config("sasrec", {"dim": 8}), INFO)
     assert init_from_teacher(small, teacher) == []  # nothing fits a different width
+
+
+def test_time_slots_are_taught_and_taken_only_by_the_same_rule(small_ds, teacher, tmp_path):
+    """hour and gap both have 26 slots: an LSAN teacher of the other rule is refused, a SASRec
+    teacher (no slots) is not, and a start from a checkpoint of the other rule takes everything
+    but its slot embedding."""
+    lsan_cfg = {"dim": 16, "dropout": 0.1}
+
+    def lsan_run(rule, epochs, **kw):
+        run = run_cfg({}, epochs, **kw)
+        return dataclasses.replace(
+            run, data=dataclasses.replace(run.data, slot_rule=rule), model_name="lsan_full",
+            model=model_config("lsan_full", lsan_cfg),
+        )  # fmt: skip
+
+    hourly = tmp_path / "hourly"
+    train(lsan_run("auto", 1), hourly, progress=False, ds=small_ds)
+    with pytest.raises(TeacherError, match="rule 'hour', the student's data by 'gap'"):
+        train(lsan_run("gap", 1, teacher=str(hourly)), tmp_path / "a", progress=False, ds=small_ds)
+    train(lsan_run("gap", 1, teacher=str(teacher)), tmp_path / "b", progress=False, ds=small_ds)
+    assert json.loads((tmp_path / "b" / "dataset.json").read_text())["slot_rule"] == "gap"
+    source, _, info = load_model(hourly)
+    for rule, slots_taken in (("gap", False), ("hour", True)):
+        fresh = build_model("lsan_full", model_config("lsan_full", lsan_cfg), info)
+        own = {k: v.clone() for k, v in fresh.state_dict().items()}
+        record = init_from_checkpoint(fresh, str(hourly), rule)
+        got, theirs = fresh.state_dict(), source.state_dict()
+        assert torch.equal(got["fusion.cur_cat.weight"], theirs["fusion.cur_cat.weight"])
+        want = theirs if slots_taken else own
+        assert torch.equal(got["fusion.slot.weight"], want["fusion.slot.weight"])
+        assert ("not_taken" in record) is not slots_taken
+    res = train(lsan_run("gap", 1, init=str(hourly)), tmp_path / "c", progress=False, ds=small_ds)
+    assert res["init"]["not_taken"] == "fusion.slot.weight: trained by slot rule 'hour'"

@@ -15,6 +15,7 @@ from lsan.data.prepare import (
     load_dataset,
     slot_rule_for,
     time_slots,
+    with_slot_rule,
 )
 from lsan.data.readers import S3REC_CATEGORY_RULE, DataError, RawData, read_dataset
 from lsan.data.synthetic import SyntheticConfig, generate
@@ -86,7 +87,14 @@ def test_slot_rule_is_chosen_at_load_and_checked(tmp_path):
         gap.stats["slot_rule"] == "gap"
         and gap.slots[gap.offsets[:-1]].tolist() == [UNKNOWN] * gap.num_users
     )
-    assert load_dataset("synthetic", cache_dir=str(tmp_path), slot_rule="hour") is not gap
+    hour = load_dataset("synthetic", cache_dir=str(tmp_path), slot_rule="hour")
+    assert hour.slot_rule == "hour" and np.array_equal(hour.slots, auto.slots)
+    # "auto" on a dataset of another rule gives back what build chose: hour, weekday or none
+    assert np.array_equal(with_slot_rule(gap, "auto").slots, auto.slots)
+    days = build(raw([1, 1, 2, 2], [1, 2, 1, 2], ts=[0, 86400, 86400, 3 * 86400]), "toy", 1)
+    assert with_slot_rule(with_slot_rule(days, "gap"), "auto").slot_rule == "weekday"
+    bare = build(raw([1, 1], [1, 2]), "toy", 1)
+    assert with_slot_rule(with_slot_rule(bare, "gap"), "auto").slot_rule == "none"
     with pytest.raises(DataError, match="unknown time-slot rule 'minute'"):
         load_dataset("synthetic", cache_dir=str(tmp_path), slot_rule="minute")
     with pytest.raises(ConfigError, match="data.slot_rule"):
