@@ -42,6 +42,13 @@ def load_dataset(*args: Any, **kwargs: Any) -> Any:
     return load(*args, **kwargs)
 
 
+def load_configured(data: Any, data_dir: str = "", cache_dir: str = "") -> Any:
+    """lsan.data.prepare.load_configured, imported when first needed (as load_dataset)."""
+    from lsan.data.prepare import load_configured as load
+
+    return load(data, data_dir, cache_dir)
+
+
 METRIC_COLUMNS = ["HR@5", "NDCG@5", "HR@10", "NDCG@10", "HR@20", "NDCG@20", "MRR@10"]
 
 
@@ -173,10 +180,7 @@ def _checkpoint_ranks(path: str, args: argparse.Namespace, device, ds=None):
     model, run, info = load_model(path, device)
     data = run.data
     if ds is None:
-        ds = load_dataset(
-            data.dataset, args.data_dir or data.data_dir, args.cache_dir or data.cache_dir,
-            data.min_count, slot_rule=data.slot_rule,
-        )  # fmt: skip
+        ds = load_configured(data, args.data_dir, args.cache_dir)
     else:  # the same users and items; the time slots by this checkpoint's rule
         from lsan.data.prepare import with_slot_rule
 
@@ -363,8 +367,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError("--trials must be at least 1")
     run = build_run(args.dataset, args.model, args.config, args.set,
                     data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device)  # fmt: skip
-    d = run.data
-    ds = load_dataset(d.dataset, d.data_dir, d.cache_dir, d.min_count, slot_rule=d.slot_rule)
+    ds = load_configured(run.data)
     out = Path(args.out or f"runs/tune-{args.dataset}-{args.model}")
     summary = tune_run(run, space, args.trials, out, ds, args.address, args.command_line,
                        progress=not args.quiet)  # fmt: skip

@@ -70,8 +70,8 @@ def load_teacher(
         raise TeacherError(
             f"teacher {path} reads {t_info.max_len} positions, fewer than {info.max_len}"
         )
-    theirs = recorded_slot_rule(path)
-    if slot_rule and slot_tensors(teacher) and theirs != slot_rule:
+    # dataset.json holds the whole id map: read only for a teacher that reads slots
+    if slot_rule and slot_tensors(teacher) and (theirs := recorded_slot_rule(path)) != slot_rule:
         raise TeacherError(
             f"teacher {path} reads time slots by the rule {theirs!r}, the student's data by "
             f"{slot_rule!r}: train the student with --set data.slot_rule={theirs or 'auto'}"
@@ -204,8 +204,8 @@ def init_from_checkpoint(model: nn.Module, path: str, slot_rule: str = "") -> di
         raise TeacherError(f"train.init {path}: {exc}") from None
     own = model.state_dict()
     theirs = source.state_dict()
-    other_rule = slot_rule and recorded_slot_rule(path) != slot_rule
-    skipped = slot_tensors(model) if other_rule else []
+    theirs_rule = recorded_slot_rule(path) if slot_rule and slot_tensors(model) else slot_rule
+    skipped = slot_tensors(model) if theirs_rule != slot_rule else []
     taken = [k for k, v in theirs.items()
              if k in own and own[k].shape == v.shape and not k.endswith("row_bits")
              and k not in skipped]  # fmt: skip
@@ -223,8 +223,7 @@ def init_from_checkpoint(model: nn.Module, path: str, slot_rule: str = "") -> di
     record = {"path": path, "sha256": file_digest(Path(path) / "model.pt"),
               "tensors": len(taken), "of": len(own)}  # fmt: skip
     if skipped:
-        rule = recorded_slot_rule(path)
-        record["not_taken"] = f"{', '.join(skipped)}: trained by slot rule {rule!r}"
+        record["not_taken"] = f"{', '.join(skipped)}: trained by slot rule {theirs_rule!r}"
     return record
 
 

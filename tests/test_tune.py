@@ -63,7 +63,7 @@ def test_two_trial_search_finishes_and_retrains_the_best(small_ds, tmp_path, mon
 
     space = tmp_path / "space.toml"
     space.write_text(SPACE)
-    monkeypatch.setattr("lsan.cli.load_dataset", lambda *a, **k: small_ds)
+    monkeypatch.setattr("lsan.cli.load_configured", lambda *a, **k: small_ds)
     out = tmp_path / "tune"
     try:
         code = main([
