@@ -13,9 +13,9 @@ exactly (c - L + 0.5) * 2^(e / 8). This format stores what defines them and noth
 - with two widths, a bitmask (one bit per row) saying which rows are the hot ones.
 
 A decoder of standard ops (a 256-entry byte table built from a Range, Gather, Concat, CumSum,
-Where, Mul) rebuilds the table's exact integers 2(c - L) + 1 as one int8 grid and each row's
-half step; every input is a constant, so onnxruntime folds it once when the session loads, with
-no intermediate wider than the packed bytes in int32. A request gathers its history's int8 rows
+Where, Mul) rebuilds the table's exact integers 2(c - L) + 1 as one byte grid (uint8, offset
+by ZERO) and each row's half step; every input is a constant, so onnxruntime folds it once when the session loads, with
+no intermediate wider than the packed bytes in int32. A request gathers its history's grid rows
 and scales them (`integer_lookups`, the float values bit for bit); the tied output layer
 (`integer_scores`) multiplies the same grid by h rounded to 8 bits on the fly, as the int8
 format does (so a row's answer depends on its batch and the runtime answers row by row), then
@@ -149,7 +149,7 @@ class _Nodes:
         return self.op("Add", [c, self.const(np.array(0.5 - 2 ** (bits - 1), np.float32))])
 
     def grid(self, codes: np.ndarray, bits: int) -> str:
-        """Rows (n, D) int8: 2(c - L) + 1 for the codes of one width (bits <= 4),
+        """Rows (n, D) uint8: 2(c - L) + 1 + ZERO for the codes of one width (bits <= 4),
         each packed byte looked up in a 256-entry table of its values (built from a Range, so
         nothing is stored). Every intermediate is the packed bytes' size in int32 or smaller:
         unpacking through int32 / float tables of every value made a load-time peak of ~10 MB
@@ -163,15 +163,20 @@ class _Nodes:
                             self.const(np.array(2**bits, np.int32))])  # fmt: skip
         v = self.op("Add", [self.op("Mul", [c, self.const(np.array(2, np.int32))]),
                             self.const(np.array(1 - 2**bits, np.int32))])  # fmt: skip
-        lut = self.op("Cast", [v], to=TensorProto.INT8)  # (256, per)
+        lut = self.op(
+            "Cast",
+            [self.op("Add", [v, self.const(np.array(ZERO, np.int32))])],
+            to=TensorProto.UINT8,
+        )  # (256, per), offset by ZERO
         idx = self.op("Cast", [self.const(pack(codes, bits))], to=i32)  # (n, D / per)
         rows = self.op("Gather", [lut, idx], axis=0)  # (n, D / per, per)
         return self.op("Reshape", [rows, self.const(np.array([len(codes), -1], np.int64))])
 
     def scaled(self, grid_rows: str, halves: str, out: str = "") -> str:
-        """Float rows from int8 grid rows: grid * half step = (c - L + 0.5) * step, the same
+        """Float rows from grid rows: grid * half step = (c - L + 0.5) * step, the same
         product as PyTorch's, rounded once (`halves` broadcast per row)."""
-        ints = self.op("DequantizeLinear", [grid_rows, self.const(np.array(1.0, np.float32))])
+        ints = self.op("DequantizeLinear", [grid_rows, self.const(np.array(1.0, np.float32)),
+                                            self.const(np.array(ZERO, np.uint8))])  # fmt: skip
         return self.op("Mul", [ints, halves], out)
 
     def vector(self, values: np.ndarray, bits: int) -> str:
@@ -242,7 +247,7 @@ def decoder(
 ) -> tuple[list, list]:
     """Nodes and initializers that compute table `out` (R, D) float32 from `t`'s stored form.
 
-    A table of rows up to 4 bits also gets `out + GRID`, its integers 2(c - L) + 1 as int8,
+    A table of rows up to 4 bits also gets `out + GRID`, its integers 2(c - L) + 1 as uint8 offset by ZERO,
     and `out + HALF`, each row's half step: the float table is then computed
     from them, and readers rewritten to use them instead (integer_scores, integer_lookups) leave
     it unread, so it is pruned and never held in memory."""
@@ -250,7 +255,7 @@ def decoder(
     widths = sorted(set(t.bits.tolist()))
     if len(widths) > 2:
         raise ExportError(f"the lowbit format stores at most two row widths, not {widths}")
-    grid = widths[-1] <= 4  # integers |2(c - L) + 1| <= 15 fit an int8
+    grid = widths[-1] <= 4  # integers |2(c - L) + 1| <= 15 fit a byte
     rows_of = n.grid if grid else n.values
     stacked = None
     if len(widths) == 1:
@@ -285,6 +290,12 @@ def decoder(
 
 
 GRID, HALF = "_grid", "_half"  # decoder outputs beside the float table: integers, half steps
+# The grid's integers are stored as uint8 plus ZERO (their zero point), not as int8: for
+# onnxruntime's DynamicQuantizeMatMul, whose A it rounds to uint8, a uint8 B takes the u8u8
+# kernel; an int8 B took the u8s8 one, which on the Intel Xeon of stop 50 (AVX-512, AMX) is
+# 1.7-2.2x slower at batch 1 (stop 52: 0.029 against 0.017 ms at 12,101 x 32, 4.4 against
+# 2.0 ms at 1M; the same results bit for bit).
+ZERO = 128
 
 
 def _rewrite(model: onnx.ModelProto, tag: str, matches, build) -> int:
@@ -312,7 +323,7 @@ def integer_scores(model: onnx.ModelProto, table: str, bias: str | None = None) 
     """The tied output layer `h @ Transpose(table) [+ bias]` on the table's integer grid, as one
     onnxruntime DynamicQuantizeMatMul and one Mul: h rounded to uint8 on the fly (one scale per
     tensor, as the int8 format does, so a row's answer depends on its batch and the runtime
-    answers row by row), times the int8 grid (transposed at load: 1 byte a value, no float
+    answers row by row), times the byte grid (its zero point ZERO, transposed at load: 1 byte a value, no float
     table), times each item's half step. The output bias, when `bias` names it and it is added
     right after, rides in the product as bias / half step. Rounding each row of h at its own
     scale instead took 12 nodes (Abs, ReduceMax, QuantizeLinear, MatMulInteger, ...): this is 9
@@ -336,10 +347,11 @@ def integer_scores(model: onnx.ModelProto, table: str, bias: str | None = None) 
 
     def build(n: _Nodes, node) -> None:
         grid_t = n.op("Transpose", [table + GRID], perm=[1, 0])  # folded at load
-        inputs = [node.input[0], grid_t, n.const(np.array(1.0, np.float32))]
+        inputs = [node.input[0], grid_t, n.const(np.array(1.0, np.float32)),
+                  n.const(np.array(ZERO, np.uint8))]  # fmt: skip
         add = biased.get(node.output[0])
         if add is not None:
-            inputs += ["", n.op("Div", [bias, table + HALF])]
+            inputs.append(n.op("Div", [bias, table + HALF]))
         dots = n.op("DynamicQuantizeMatMul", inputs, domain=MS)
         n.op("Mul", [dots, table + HALF], (add or node).output[0])
 
@@ -350,7 +362,7 @@ def integer_scores(model: onnx.ModelProto, table: str, bias: str | None = None) 
 
 def integer_lookups(model: onnx.ModelProto, table: str) -> int:
     """Row lookups `Gather(table, ids)` decoded from the integer grid per request: the gathered
-    int8 rows times their half steps (the float table's values bit for bit).
+    grid rows times their half steps (the float table's values bit for bit).
     With the scores on the grid too, no float copy of the table is held: 1 byte a value in
     memory instead of 5. The count rewritten (0 for a table without a grid)."""
     grid = table + GRID in producers(model)
