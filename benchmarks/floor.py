@@ -9,7 +9,8 @@ For an artifact's model.onnx at batch 1 and a full history:
   for a fused MultiHeadAttention (its two products), the shapes the profiler saw;
 - measured reference points: onnxruntime's cost per node (a chain of tiny Adds), the single-core
   peak FLOP/s and the copy bandwidth at the working set (benchmarks.bound), and a TopK of k over
-  the catalogue's scores on its own.
+  the catalogue's scores on its own; where cold calls follow an eviction, also one call of a
+  one-node graph after the same eviction (the part of a cold call that no graph can remove).
 floor = nodes x per-node cost + max(FLOPs / peak, bytes / bandwidth): what a request could cost
 if onnxruntime ran each kernel at machine speed; measured / floor says how far from it we are.
 """
@@ -20,6 +21,7 @@ import json
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +64,8 @@ def _median_call(
     return best
 
 
-def per_node_seconds(nodes: int = 64) -> float:
-    """onnxruntime's cost of one cheap node: a chain of `nodes` Adds on one float, per node."""
+def _chain(nodes: int) -> tuple[Any, dict[str, np.ndarray]]:
+    """A session of a chain of `nodes` Adds on one float, and its feeds."""
     from onnx import helper
 
     f = onnx.TensorProto.FLOAT
@@ -75,7 +77,30 @@ def per_node_seconds(nodes: int = 64) -> float:
     sess = ort.InferenceSession(
         m.SerializeToString(), _options(), providers=["CPUExecutionProvider"]
     )
-    return _median_call(sess, {"x0": np.zeros(1, np.float32)}) / nodes
+    return sess, {"x0": np.zeros(1, np.float32)}
+
+
+def per_node_seconds(nodes: int = 64) -> float:
+    """onnxruntime's cost of one cheap node: a chain of `nodes` Adds on one float, per node."""
+    sess, feeds = _chain(nodes)
+    return _median_call(sess, feeds) / nodes
+
+
+def cold_call_seconds(evict: Callable[[], None], calls: int = 40) -> float:
+    """Median seconds of one call of a one-node graph, each after `evict()` (untimed): what
+    any artifact's cold call pays before its own work, the interpreter, the binding and
+    onnxruntime finding their code and data in memory again (stop 52's Intel host, 960 MiB
+    read first: 0.26 ms, over the 0.25 ms cold target with no model at all)."""
+    sess, feeds = _chain(1)
+    for _ in range(5):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(calls):
+        evict()
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
 def topk_seconds(num_scores: int, k: int) -> float:
@@ -98,15 +123,21 @@ def topk_seconds(num_scores: int, k: int) -> float:
     return _median_call(sess, {"s": s})
 
 
-def references(num_scores: int, k: int, max_bytes: int) -> dict[str, Any]:
-    """The measured reference points every floor of this run uses."""
+def references(
+    num_scores: int, k: int, max_bytes: int, evict: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """The measured reference points every floor of this run uses; with `evict` (the cold
+    calls' eviction) also a one-node graph's cold call (`cold_call_seconds`), in ms."""
     from lsan.benchmarks.bound import machine_peak
     from lsan.benchmarks.env import environment
 
     peak = machine_peak(environment(""), max_bytes)
-    return {"per_node_us": per_node_seconds() * 1e6, "topk_us": topk_seconds(num_scores, k) * 1e6,
-            "peak_gflops_1core": peak["peak_gflops_1core"], "int8_factor": peak["int8_factor"],
-            "bandwidth": peak["bandwidth"]}  # fmt: skip
+    ref = {"per_node_us": per_node_seconds() * 1e6, "topk_us": topk_seconds(num_scores, k) * 1e6,
+           "peak_gflops_1core": peak["peak_gflops_1core"], "int8_factor": peak["int8_factor"],
+           "bandwidth": peak["bandwidth"]}  # fmt: skip
+    if evict is not None:
+        ref["cold_one_node_ms"] = cold_call_seconds(evict) * 1e3
+    return ref
 
 
 def _dims(shape: list[dict[str, int]] | list[int]) -> list[int]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lsan.artifact import Artifact, ArtifactError, read
-from lsan.benchmarks.device_frontier import floors, timings, warn_if_cached
+from lsan.benchmarks.device_frontier import floors, reference_points, timings, warn_if_cached
 from lsan.benchmarks.env import environment, write_record
 from lsan.tables import markdown_table
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     folders, arts = read_artifacts(args.artifact, ap)
     evict_bytes = args.evict_mib << 20
     k = min(a.meta.contract.k for a in arts.values())
-    work = floors(arts, folders, k)
+    work = floors(arts, folders, k, evict_bytes)
     runs = []
     for i in range(args.runs):
         runs.append(timings(arts, rounds=args.rounds, evict_bytes=evict_bytes))
@@ -129,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     printed = [shown(r, args.cold_target) for r in table]
     print(markdown_table(printed, list(printed[0])))
     ref = work["_reference"]
-    print(f"reference points: {ref['per_node_us']:.2f} us per graph node, {ref['topk_us']:.1f} us "
-          f"for a top-{k}, {ref['peak_gflops_1core']:.0f} GFLOP/s one core")  # fmt: skip
+    print(f"reference points: {reference_points(ref, k)}")
     command = shlex.join(["python", "-m", "benchmarks.rotation", *(argv or sys.argv[1:])])
     host = environment(command)
     caveat = warn_if_cached(work, host["machine"], evict_bytes)

@@ -248,6 +248,7 @@ def test_rotation_times_exported_folders_without_evaluating_them(frontier, tmp_p
     out = capsys.readouterr()
     assert "| artifact" in out.out and "us per graph node" in out.out and "run 2 of 2" in out.out
     assert "cold p50 <= 0.25 ms" in out.out and " of 2 runs" in out.out
+    assert "called cold" not in out.out and "cold_one_node_ms" not in rec["floors"]["_reference"]
     # two tiny files fit any last-level cache: the record and stderr say their cold is not cold
     if rec["environment"]["machine"]["last_level_cache_bytes"]:
         assert "cold column is not cold" in rec["cold_caveat"] and "warning:" in out.err
@@ -279,8 +280,14 @@ def test_rotation_evicts_the_caches_before_each_cold_call_when_asked(
     assert rotation.main(args) == 0
     rec = json.loads((tmp_path / "evicted.json").read_text())
     assert rec["evict_mib"] == mib and rec["cold_caveat"] is None
-    assert "warning:" not in capsys.readouterr().err
-    assert evictions == [mib << 20] * (2 * 20 * 2)  # rounds x calls x artifacts
+    printed = capsys.readouterr()
+    assert "warning:" not in printed.err
+    # rounds x calls x artifacts, then the reference point: a one-node graph called cold after
+    # the same eviction, what any cold call pays before its graph's own work
+    assert evictions == [mib << 20] * (2 * 20 * 2 + 40)
+    cold = rec["floors"]["_reference"]["cold_one_node_ms"]
+    assert 0 < cold < min(r["cold_p50_min"] for r in rec["table"])
+    assert f"{cold:.3f} ms for a one-node graph called cold" in printed.out
     with pytest.raises(SystemExit) as e:
         rotation.main([*args[:4], "--evict-mib", "-1"])
     assert e.value.code == 2 and "--evict-mib 0 or more" in capsys.readouterr().err
