@@ -90,7 +90,7 @@ def cold_call_seconds(evict: Callable[[], None], calls: int = 40) -> float:
     """Median seconds of one call of a one-node graph, each after `evict()` (untimed): what
     any artifact's cold call pays before its own work, the interpreter, the binding and
     onnxruntime finding their code and data in memory again (stop 52's Intel host, 960 MiB
-    read first: 0.26 ms, over the 0.25 ms cold target with no model at all)."""
+    read first: 0.23-0.26 ms, the whole 0.25 ms cold target with no model at all)."""
     sess, feeds = _chain(1)
     for _ in range(5):
         sess.run(None, feeds)
