@@ -86,7 +86,10 @@ def per_node_seconds(nodes: int = 64) -> float:
     return _median_call(sess, feeds) / nodes
 
 
-def cold_call_seconds(evict: Callable[[], None], calls: int = 40) -> float:
+COLD_CALLS = 40  # one-node calls, each after an eviction, for `cold_call_seconds`
+
+
+def cold_call_seconds(evict: Callable[[], None], calls: int = COLD_CALLS) -> float:
     """Median seconds of one call of a one-node graph, each after `evict()` (untimed): what
     any artifact's cold call pays before its own work, the interpreter, the binding and
     onnxruntime finding their code and data in memory again (stop 52's Intel host, 960 MiB

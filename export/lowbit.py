@@ -14,8 +14,8 @@ exactly (c - L + 0.5) * 2^(e / 8). This format stores what defines them and noth
 
 A decoder of standard ops (a 256-entry byte table built from a Range, Gather, Concat, CumSum,
 Where, Mul) rebuilds the table's exact integers 2(c - L) + 1 as one byte grid (uint8, offset
-by ZERO) and each row's half step; every input is a constant, so onnxruntime folds it once when the session loads, with
-no intermediate wider than the packed bytes in int32. A request gathers its history's grid rows
+by ZERO) and each row's half step; every input is a constant, so onnxruntime folds it once
+when the session loads, with no intermediate wider than the packed bytes in int32. A request gathers its history's grid rows
 and scales them (`integer_lookups`, the float values bit for bit); the tied output layer
 (`integer_scores`) multiplies the same grid by h rounded to 8 bits on the fly, as the int8
 format does (so a row's answer depends on its batch and the runtime answers row by row), then
@@ -247,8 +247,8 @@ def decoder(
 ) -> tuple[list, list]:
     """Nodes and initializers that compute table `out` (R, D) float32 from `t`'s stored form.
 
-    A table of rows up to 4 bits also gets `out + GRID`, its integers 2(c - L) + 1 as uint8 offset by ZERO,
-    and `out + HALF`, each row's half step: the float table is then computed
+    A table of rows up to 4 bits also gets `out + GRID`, its integers 2(c - L) + 1 as uint8
+    offset by ZERO, and `out + HALF`, each row's half step: the float table is then computed
     from them, and readers rewritten to use them instead (integer_scores, integer_lookups) leave
     it unread, so it is pruned and never held in memory."""
     n = _Nodes(prefix)
@@ -323,8 +323,8 @@ def integer_scores(model: onnx.ModelProto, table: str, bias: str | None = None) 
     """The tied output layer `h @ Transpose(table) [+ bias]` on the table's integer grid, as one
     onnxruntime DynamicQuantizeMatMul and one Mul: h rounded to uint8 on the fly (one scale per
     tensor, as the int8 format does, so a row's answer depends on its batch and the runtime
-    answers row by row), times the byte grid (its zero point ZERO, transposed at load: 1 byte a value, no float
-    table), times each item's half step. The output bias, when `bias` names it and it is added
+    answers row by row), times the byte grid (its zero point ZERO, transposed at load: 1 byte
+    a value, no float table), times each item's half step. The output bias, when `bias` names it and it is added
     right after, rides in the product as bias / half step. Rounding each row of h at its own
     scale instead took 12 nodes (Abs, ReduceMax, QuantizeLinear, MatMulInteger, ...): this is 9
     fewer and 7-10% faster a request on Beauty (stop 46, interleaved; LSAN's student 0.100 ->

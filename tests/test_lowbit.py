@@ -157,7 +157,7 @@ def test_the_tied_output_layer_scores_the_integer_grid_in_one_product(hot_bits, 
     """h @ table.T [+ bias] becomes h rounded to uint8 (one scale for the tensor) times the
     table's exact integer grid, rescaled by h's scale and each item's half step, the bias
     folded into the product: exactly that arithmetic, in one DynamicQuantizeMatMul and one Mul.
-    A table with 8-bit rows keeps the float path (its grid does not fit int8)."""
+    A table with 8-bit rows keeps the float path (its grid does not fit a byte)."""
     t = _hot_table(hot_bits)
     nodes, inits = decoder(t, "table", "d_")
     nodes += [helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
