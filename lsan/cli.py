@@ -224,8 +224,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
            "split": args.split, "mask_seen": ecfg.mask_seen, **metrics}  # fmt: skip
     rows = [{"checkpoint": str(args.checkpoint), "model": run.model_name, **metrics}]
     against = []
+    all_ranks = [ranks]
     for other in args.against or []:
         orun, ocfg, _, oranks = _checkpoint_ranks(other, args, device, ds)
+        all_ranks.append(oranks)
         d = paired(ranks, oranks, k=10)
         om = summarise(oranks, ocfg)
         against.append({"checkpoint": other, "model": orun.model_name, "NDCG@10": om["NDCG@10"],
@@ -234,6 +236,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                      "first minus this, NDCG@10 [95% CI]": d.describe()})  # fmt: skip
     if against:
         out["against"] = against
+    parts = []
+    if args.segments:
+        from lsan.segments import segment_rows, segments
+
+        parts = segment_rows(segments(ds, args.split), all_ranks)  # in the order of the table
+        out["segments"] = parts
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -245,7 +253,28 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if against:
             print("differences are paired over the same users: mean, 95% bootstrap interval, "
                   "paired t-test p-value (lsan/paired.py)")  # fmt: skip
+        if parts:
+            print(_segments_table(parts, len(all_ranks)))
     return 0
+
+
+def _segments_table(parts: list[dict], rankers: int) -> str:
+    """`lsan evaluate --segments` as a markdown table: NDCG@10 by checkpoint number (1 the
+    first, as listed above) and the first's paired difference from each other one."""
+    from lsan.paired import shown
+
+    rows = []
+    for p in parts:
+        row = {"partition": p["partition"], "segment": p["segment"],
+               "users": f"{p['users']:,} ({p['share']:.1%})"}  # fmt: skip
+        for i, v in enumerate(p["ndcg"], 1):
+            row[f"NDCG@10 #{i}"] = f"{v:.4f}"
+        for i, d in enumerate(p["first_minus"], 2):
+            row[f"#1 minus #{i}"] = shown(d)
+        rows.append(row)
+    cols = ["partition", "segment", "users", *(f"NDCG@10 #{i}" for i in range(1, rankers + 1)),
+            *(f"#1 minus #{i}" for i in range(2, rankers + 1))]  # fmt: skip
+    return "\nby segment of the users (lsan/segments.py):\n" + markdown_table(rows, cols)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -458,6 +487,10 @@ def parser() -> argparse.ArgumentParser:
                     help="also evaluate CKPT (repeat) on the same users and test the first "
                     "checkpoint's NDCG@10 minus CKPT's user by user: mean, 95%% bootstrap "
                     "interval, paired t-test p-value")  # fmt: skip
+    ev.add_argument("--segments", action="store_true",
+                    help="also NDCG@10 (and with --against the paired differences) by segment of "
+                    "the users: history length, target popularity, time to the target, same "
+                    "category as the last item (lsan/segments.py)")  # fmt: skip
     _data_flags(ev)
     ev.set_defaults(func=cmd_evaluate)
 

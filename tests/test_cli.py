@@ -54,14 +54,24 @@ def test_train_then_evaluate_matches_metrics(tmp_path, capsys):
     assert main(argv) == 0
     capsys.readouterr()
     argv = ["evaluate", str(out), "--against", str(out), "--against", str(pop), "--json"]
-    assert main([*argv, "--device", "cpu"]) == 0
-    same, vs_pop = json.loads(capsys.readouterr().out)["against"]
+    assert main([*argv, "--segments", "--device", "cpu"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    same, vs_pop = got["against"]
+    # --segments: per-segment NDCG@10 of each checkpoint and the paired differences, whose
+    # user-weighted sum over a partition is the whole split's
+    history = [r for r in got["segments"] if r["partition"] == "history"]
+    assert sum(r["users"] for r in history) == shown["users"]
+    pop_gap = sum(r["users"] * r["first_minus"][1]["delta"] for r in history)  # as listed
+    assert pop_gap / shown["users"] == pytest.approx(shown["NDCG@10"] - vs_pop["NDCG@10"], abs=1e-9)
+    assert all(r["first_minus"][0]["delta"] == 0.0 for r in got["segments"] if r["users"] > 1)
     assert same["first_minus_this_ndcg10"]["delta"] == 0.0
     d = vs_pop["first_minus_this_ndcg10"]
     assert d["delta"] == pytest.approx(shown["NDCG@10"] - vs_pop["NDCG@10"], abs=1e-9)
     assert d["ci95"][0] <= d["delta"] <= d["ci95"][1] and d["users"] == shown["users"]
-    assert main(["evaluate", str(out), "--against", str(pop), "--device", "cpu"]) == 0
-    assert "first minus this, NDCG@10 [95% CI]" in capsys.readouterr().out
+    assert main(["evaluate", str(out), "--against", str(pop), "--segments", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "first minus this, NDCG@10 [95% CI]" in printed
+    assert "by segment of the users" in printed and "| #1 minus #2" in printed
     argv = ["report", str(out), str(tmp_path / "missing"), "--name", "r", "--out", str(tmp_path)]
     assert main(argv) == 0
     (row,) = json.loads((tmp_path / "r.json").read_text())["rows"]
