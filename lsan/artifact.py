@@ -96,7 +96,7 @@ class ArtifactMeta(Strict):
     dataset_stats: dict[str, Any]
     info: DataInfo
     category_names: list[str]  # name of each category id (0 padding, 1 unknown)
-    time_slot_rule: str  # lsan.data.slots: "hour", "weekday", "gap" or "none"
+    time_slot_rule: str  # lsan.data.slots: "hour", "weekday", "gap", "ahead" or "none"
     contract: Contract
     quantization: str  # the shipped format
     batch_invariant: bool  # False: the runtime answers a batch row by row

@@ -43,7 +43,7 @@ class DataConfig:
     max_len: int = (
         0  # longest history fed to a model, in items; 0 = dataset default (50; 200 for ML-1M)
     )
-    slot_rule: str = "auto"  # time context: auto (hour, or weekday for day-granular data), hour, weekday, gap (time since the previous interaction), none
+    slot_rule: str = "auto"  # time context: auto (hour, or weekday for day-granular data), hour, weekday, gap (time since the previous interaction), ahead (time until the next one: the request's, for the last), none
 
     def __post_init__(self) -> None:
         validate(self, "data.")

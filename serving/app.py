@@ -385,7 +385,7 @@ def recommend(
     if errors := check_limits(body, limits, ("body",)):
         raise RequestValidationError(errors)
     results, model_s = artifact.recommend_timed(
-        [pairs(body)], k=body.k, exclude_seen=body.exclude_seen
+        [pairs(body)], k=body.k, exclude_seen=body.exclude_seen, at=[body.at]
     )
     content = answer(body, results[0], artifact, (time.perf_counter() - start) * 1000, metrics)
     return answered(content, model_s)
@@ -414,8 +414,9 @@ def recommend_batch(
         if group:
             k = max(reqs[i].k for i in group)
             out, s = artifact.recommend_timed(
-                [pairs(reqs[i]) for i in group], k=k, exclude_seen=exclude
-            )
+                [pairs(reqs[i]) for i in group], k=k, exclude_seen=exclude,
+                at=[reqs[i].at for i in group],
+            )  # fmt: skip
             model_s += s
             for i, res in zip(group, out, strict=True):
                 results[i] = res

@@ -71,9 +71,11 @@ class Artifact:
         return self.meta.model
 
     def encode(
-        self, histories: list[History], exclude_seen: bool
+        self, histories: list[History], exclude_seen: bool, at: Sequence[float | None] = ()
     ) -> tuple[dict[str, np.ndarray], list[list[int]], list[int]]:
         """Raw histories -> model feeds; also the unknown ids and known-item count per user.
+        `at`: each request's unix time (missing or None: this machine's clock), which only the
+        "ahead" time rule reads (the last entry's slot is the time until the request).
 
         A few numpy calls per history, none per entry: in the server this runs between
         onnxruntime calls, with cold caches, where each numpy call costs several microseconds.
@@ -101,8 +103,12 @@ class Artifact:
                 # None (no timestamp) -> NaN -> -1, which time_slots reads as unknown; "gap"
                 # reads the whole history (a kept entry's gap is to the entry before it)
                 since = 0 if self.slot_rule == "gap" else len(seconds) - n
-                ts = np.fmax(np.array(seconds[since:], dtype=np.float64), -1.0)
-                slots[r, t - n :] = time_slots(ts, self.slot_rule)[len(ts) - n :]
+                times = seconds[since:]
+                m = len(times)
+                if self.slot_rule == "ahead":  # one time more, the request's: read, not kept
+                    times = (*times, at[r] if r < len(at) and at[r] is not None else time.time())
+                ts = np.fmax(np.array(times, dtype=np.float64), -1.0)
+                slots[r, t - n :] = time_slots(ts, self.slot_rule)[m - n : m]
         known_counts = [len(idx) for idx in kept]
         # the exclude width in powers of two (PAD entries exclude nothing): few distinct input
         # shapes, so onnxruntime's per-shape buffers stay few
@@ -129,13 +135,21 @@ class Artifact:
         return np.where(hit, self.sorted_index.take(pos, mode="clip"), 0)
 
     def recommend(
-        self, histories: list[History], k: int = 10, exclude_seen: bool = True
+        self,
+        histories: list[History],
+        k: int = 10,
+        exclude_seen: bool = True,
+        at: Sequence[float | None] = (),
     ) -> list[Result]:
-        """Top-k raw item ids and scores for each history."""
-        return self.recommend_timed(histories, k, exclude_seen)[0]
+        """Top-k raw item ids and scores for each history (`at`: see `encode`)."""
+        return self.recommend_timed(histories, k, exclude_seen, at)[0]
 
     def recommend_timed(
-        self, histories: list[History], k: int = 10, exclude_seen: bool = True
+        self,
+        histories: list[History],
+        k: int = 10,
+        exclude_seen: bool = True,
+        at: Sequence[float | None] = (),
     ) -> tuple[list[Result], float]:
         """`recommend`, and the seconds spent in onnxruntime (every session run summed): the
         model's share of the answer, which the server reports next to its own total."""
@@ -143,12 +157,12 @@ class Artifact:
             raise ValueError(f"k must be between 1 and {self.k_max}")
         if self.row_by_row and len(histories) > 1:
             results, model_s = [], 0.0
-            for h in histories:
-                (res,), s = self.recommend_timed([h], k, exclude_seen)
+            for r, h in enumerate(histories):
+                (res,), s = self.recommend_timed([h], k, exclude_seen, at[r : r + 1])
                 results.append(res)
                 model_s += s
             return results, model_s
-        feeds, unknown, known = self.encode(histories, exclude_seen)
+        feeds, unknown, known = self.encode(histories, exclude_seen, at)
         t0 = time.perf_counter()
         top_items, top_scores = self.session.run(["top_items", "top_scores"], feeds)
         model_s = time.perf_counter() - t0

@@ -73,6 +73,26 @@ class RecommendRequest(BaseModel):
     )
     k: int = Field(10, ge=1, description="number of items to return (at most the server's k max)")
     exclude_seen: bool = Field(True, description="never recommend an item of the history")
+    at: float | None = Field(
+        None, ge=0, le=MAX_TIMESTAMP, allow_inf_nan=False,
+        description="unix time of the request in seconds (UTC), no earlier than the history's "
+        "last timestamp; missing: the server's clock. Read only by an artifact whose time rule "
+        "is 'ahead' (the time until the request is its last entry's context)",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _asked_after_the_history(self) -> RecommendRequest:
+        """A request's time is no earlier than its history's last timestamp."""
+        if self.at is not None:
+            last = max((e["timestamp"] for e in self.history
+                        if e.get("timestamp") is not None), default=None)  # fmt: skip
+            if last is not None and last > self.at:
+                raise PydanticCustomError(
+                    "request_before_history",
+                    "at ({at}) is earlier than the history's last timestamp ({last})",
+                    {"at": str(self.at), "last": str(last)},
+                )
+        return self
 
     @field_validator("history")
     @classmethod

@@ -298,32 +298,37 @@ def test_blocked_export_answers_as_the_one_topk_export(checkpoints, monkeypatch,
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-def test_a_gap_rule_checkpoint_ships_its_rule_and_answers_as_trained(small_ds, tmp_path):
-    """A checkpoint trained with data.slot_rule=gap: the artifact names the rule, passes export's
-    checks on the gap slots, and the runtime, computing the slots itself from raw timestamps,
-    ranks a user's history as PyTorch does on the training data's slots."""
+@pytest.mark.parametrize("rule", ["gap", "ahead"])
+def test_a_gap_rule_checkpoint_ships_its_rule_and_answers_as_trained(small_ds, tmp_path, rule):
+    """A checkpoint trained with data.slot_rule=gap (or ahead): the artifact names the rule,
+    passes export's checks on those slots, and the runtime, computing the slots itself from raw
+    timestamps (under "ahead" and the request's time, `at`: here the time of the user's last
+    interaction, whose history is the rest), ranks a user's history as PyTorch does on the
+    training data's slots."""
     from lsan.config import DataConfig, RunConfig, TrainConfig
     from lsan.data.prepare import with_slot_rule
     from lsan.models import model_config
     from lsan.serving.runtime import load_artifact
     from lsan.train import train
 
-    run = RunConfig(data=DataConfig(dataset="synthetic", max_len=12, slot_rule="gap"),
+    run = RunConfig(data=DataConfig(dataset="synthetic", max_len=12, slot_rule=rule),
                     model_name="lsan_full", model=model_config("lsan_full", {"dim": 16}),
                     train=TrainConfig(epochs=2, batch_size=64, device="cpu"))  # fmt: skip
     train(run, tmp_path / "ck", progress=False, ds=small_ds)
     export(tmp_path / "ck", tmp_path / "a", quant="fp32", k=20, ds=small_ds, log=lambda *_: None)
     art = load_artifact(tmp_path / "a")
-    assert art.slot_rule == "gap" and art.meta.info.num_slots == 26
-    ds = with_slot_rule(small_ds, "gap")
+    assert art.slot_rule == rule and art.meta.info.num_slots == 26
+    ds = with_slot_rule(small_ds, rule)
     model = load_model(tmp_path / "ck")[0].eval()
     u = int(np.argmax(ds.lengths))  # longer than max_len: the first kept entry has a gap
-    lo, hi = ds.offsets[u], ds.offsets[u + 1]
+    lo, hi = ds.offsets[u], ds.offsets[u + 1] - (rule == "ahead")
     hist = [(int(ds.raw_item_ids[i]), float(t))
             for i, t in zip(ds.items[lo:hi], ds.timestamps[lo:hi], strict=True)]  # fmt: skip
-    got = art.recommend([hist], k=10, exclude_seen=False)[0].items
+    at = [float(ds.timestamps[hi])] if rule == "ahead" else []
+    got = art.recommend([hist], k=10, exclude_seen=False, at=at)[0].items
     items, cats = ds.items[hi - 12 : hi], ds.item_category[ds.items[hi - 12 : hi]]
     slots = ds.slots[hi - 12 : hi]
+    assert rule != "ahead" or slots[-1] > 1  # the last slot read the request's time
     as_t = [torch.as_tensor(a[None]) for a in (items, cats, slots)]
     with torch.no_grad():
         scores = model.score_all(*as_t)[0, 1:]

@@ -76,6 +76,11 @@ def test_gap_rule_reads_the_time_since_the_entry_before():
     assert time_slots(ts, "gap", starts)[4] == UNKNOWN
     assert time_slots(np.array([7]), "gap").tolist() == [UNKNOWN]
     assert time_slots(np.zeros(0, dtype=np.int64), "gap").tolist() == []
+    # "ahead": each entry's slot is the time until the next one (the gap slot of the next), the
+    # last unknown; with users, never across a user's end
+    assert time_slots(ts, "ahead").tolist() == [2, 3, 3, 13, 14, 1, 1, 1, 25, 13, 1]
+    assert time_slots(ts, "ahead", starts).tolist() == [2, 3, 3, 1, 14, 1, 1, 1, 25, 13, 1]
+    assert time_slots(np.array([7]), "ahead").tolist() == [UNKNOWN]
 
 
 def test_slot_rule_is_chosen_at_load_and_checked(tmp_path):

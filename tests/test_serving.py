@@ -190,10 +190,11 @@ def test_id_lookup_and_encoding_match_a_plain_reference(artifact, catalogue, rul
             assert excluded == [0]
 
 
-@pytest.mark.parametrize("rule", ["hour", "weekday", "gap", "none"])
+@pytest.mark.parametrize("rule", ["hour", "weekday", "gap", "ahead", "none"])
 def test_served_slots_are_the_trained_ones(artifact, small_ds, rule):
     """A user's whole history sent to the runtime gets the time slots training windows read
-    for that user's last max_len items, under every rule ("gap" across the truncation too)."""
+    for that user's last max_len items, under every rule ("gap" across the truncation too;
+    "ahead" with the next interaction's time as the request's, `at`, its history the rest)."""
     art = load_artifact(artifact)
     art.slot_rule = rule
     ds = with_slot_rule(small_ds, rule)
@@ -201,12 +202,24 @@ def test_served_slots_are_the_trained_ones(artifact, small_ds, rule):
     long = [u for u in range(ds.num_users) if ds.lengths[u] > art.max_len][:20]
     assert long, "the fixture has users longer than max_len"
     for u in [*long, 0, 1]:
-        lo, hi = ds.offsets[u], ds.offsets[u + 1]
+        lo, hi = ds.offsets[u], ds.offsets[u + 1] - (rule == "ahead")
         hist = [(int(ds.raw_item_ids[i]), float(t))
                 for i, t in zip(ds.items[lo:hi], ds.timestamps[lo:hi], strict=True)]  # fmt: skip
-        feeds, _, _ = art.encode([hist], exclude_seen=False)
+        at = [float(ds.timestamps[hi])] if rule == "ahead" else []
+        feeds, _, _ = art.encode([hist], exclude_seen=False, at=at)
         n = min(hi - lo, art.max_len)
         assert feeds["slots"][0, art.max_len - n :].tolist() == ds.slots[hi - n : hi].tolist()
+
+
+def test_the_request_time_is_read_only_by_the_ahead_rule(client, catalogue):
+    """`at` is accepted (no earlier than the history) and changes nothing for an artifact whose
+    time rule does not read it; the runtime's reading of it is test_served_slots_are_the_trained_ones'."""
+    h = history(catalogue[:5])
+    plain = client.post("/recommend", json={"history": h, "k": 5}).json()
+    last = max(e["timestamp"] for e in h)
+    for at in (last, last + 86400 * 30):
+        timed = client.post("/recommend", json={"history": h, "k": 5, "at": at})
+        assert timed.status_code == 200 and timed.json()["items"] == plain["items"]
 
 
 def test_most_recent_entries_are_used(client, catalogue):
@@ -444,6 +457,10 @@ BAD = [
     ("duplicate, no timestamps", "post", "/recommend", {"json": {"history": [{"item_id": 7}, {"item_id": 3}, {"item_id": 7}]}}, 422, "duplicate entry: item_id 7 with timestamp None at positions 0 and 2"),
     ("duplicate, same timestamp", "post", "/recommend", {"json": {"history": [OK, OK]}}, 422, "duplicate entry: item_id 2"),
     ("newest first", "post", "/recommend", {"json": {"history": [{"item_id": 2, "timestamp": T0}, {"item_id": 3, "timestamp": T0 - 1}]}}, 422, "oldest first"),
+    ("at before the history", "post", "/recommend", {"json": {"history": [{"item_id": 2, "timestamp": T0}], "at": T0 - 1}}, 422, "is earlier than the history's last timestamp"),
+    ("at string", "post", "/recommend", {"json": {"history": [], "at": "now"}}, 422, "at"),
+    ("at negative", "post", "/recommend", {"json": {"history": [], "at": -1}}, 422, "at"),
+    ("at NaN", "post", "/recommend", _json('{"history": [], "at": NaN}'), 422, "at"),
     ("history too long", "post", "/recommend", {"json": {"history": [{"item_id": i} for i in range(1001)]}}, 422, "at most 1000"),
     ("history not a list", "post", "/recommend", {"json": {"history": {"item_id": 2}}}, 422, "history"),
     ("history missing", "post", "/recommend", {"json": {"k": 5}}, 422, "history: Field required"),
