@@ -87,3 +87,25 @@ def test_extra_left_padding_changes_nothing(name):
 def test_bidirectional_outputs_see_later_items(name):
     a, b = outputs_before_after_change(name)
     assert not torch.allclose(a[:, 5:8], b[:, 5:8], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sasrec", "bert4rec"])
+def test_sasrec_reads_time_slots_only_with_use_time(name):
+    """model.use_time: each position's slot embedding joins its input (causal: a slot changes
+    that position and later ones only); off, the published model ignores the slots. A model
+    that reads slots and is given none says so."""
+    items, cats, slots = batch()
+    other = slots.clone()
+    other[:, 8:] = torch.where(other[:, 8:] > 0, (other[:, 8:] + 5) % (INFO.num_slots - 2) + 2, 0)
+    for use_time in (False, True):
+        torch.manual_seed(0)
+        cfg = model_config(name, {"use_time": use_time})
+        model = build_model(name, cfg, INFO).eval()
+        with torch.no_grad():
+            a, b = model(items, cats, slots), model(items, cats, other)
+        assert torch.allclose(a, b) != use_time
+        if use_time and name == "sasrec":
+            assert torch.allclose(a[:, :8], b[:, :8], atol=1e-6)
+            assert "slot.weight" in model.state_dict()
+            with pytest.raises(ValueError, match="reads the time slots"):
+                model(items)

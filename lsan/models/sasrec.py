@@ -9,7 +9,10 @@ Design choices (those of the SASRec+ re-evaluations, Klenitskiy & Vasilev 2023):
   (AE): Cloze training with a learned [MASK] vector and the mask appended at inference
   (lsan.models.objectives). `bert4rec` is this model with bidirectional attention, `local` with
   a window of `window` positions on both sides (the local attention of He et al., 2021).
-Context inputs (category, time slot) are accepted for the shared API and ignored.
+Context inputs (category, time slot) are accepted for the shared API and ignored, except with
+`use_time`: each position's time-slot embedding added to its input (off in the published model;
+with `data.slot_rule=ahead` it gives SASRec the time until the request that LSAN reads, so the
+two are compared on the same inputs).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class SASRecConfig(TableConfig):
     window: int = 3  # local attention reach, in positions (attention = local only)
     mask_prob: float = 0.2  # Cloze masking probability (AE only)
     init_std: float = 0.02  # std of the normal initialisation
+    use_time: bool = False  # add each position's time-slot embedding to its input
 
 
 class SASRec(TiedScores, nn.Module):
@@ -52,6 +56,9 @@ class SASRec(TiedScores, nn.Module):
         self.cfg, self.info = cfg, info
         self.item_emb = build_item_table(cfg, info.num_items, cfg.dim)
         self.pos_emb = nn.Embedding(info.max_len, cfg.dim)
+        self.slot = (
+            nn.Embedding(info.num_slots, cfg.dim) if cfg.use_time else None
+        )  # "slot": lsan.distill.slot_tensors
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(cfg.dim, cfg.heads, cfg.dropout, cfg.ffn_mult)
@@ -83,6 +90,10 @@ class SASRec(TiedScores, nn.Module):
             if self.mask_emb is None
             else with_mask_token(self.item_emb, items, self.mask_emb, mask_token(self))
         )
+        if self.slot is not None:
+            if slots is None:
+                raise ValueError("a SASRec with model.use_time reads the time slots: pass slots")
+            emb = emb + self.slot(slots)
         x = self.drop(emb + last_positions(self.pos_emb, items.shape[1])) * keep  # (B, T, D)
         mask = attention_mask(items, self.cfg.attention, self.cfg.window)
         x, weights = apply_blocks(self.blocks, x, keep, mask, return_weights, last_only)
