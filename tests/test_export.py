@@ -21,7 +21,7 @@ from lsan.models.layers import NEG as MODEL_NEG
 KINDS = {
     "sasrec": {"dim": 16, "layers": 1},
     "lsan": {"dim": 16, "m1": 0},
-    "lsan_full": {"dim": 16},
+    "lsan_full": {"dim": 16, "ffn_mult": 2},  # a wider feed-forward than the paper's
 }
 FILES = sorted([MANIFEST, META, MODEL, TABLES])
 

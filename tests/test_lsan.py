@@ -143,7 +143,8 @@ def expected_params(cfg, info):
         + (branches * h * d * d + d)
         + ((h * d * cfg.kernel + h * d) if cfg.conv else 0)
     )
-    block = twin + 2 * (2 * d) + (d * d + d) * 2  # two layer norms, FFN (D -> D -> D)
+    f = cfg.ffn_mult * d
+    block = twin + 2 * (2 * d) + (d * f + f) + (f * d + d)  # two layer norms, FFN (D -> fD -> D)
     return emb + fusion + info.max_len * d + cfg.layers * block + 2 * d
 
 
@@ -158,6 +159,7 @@ def expected_params(cfg, info):
         {"item_weights": False},
         {"full": True},
         {"layers": 2, "heads": 1},
+        {"ffn_mult": 4},
     ],
 )
 def test_parameter_count_matches_formula(kw):
@@ -222,7 +224,7 @@ def test_one_base_vector_skips_the_fusion_query_with_the_same_numbers():
 @pytest.mark.parametrize(
     "variant",
     [{"full": True}, {}, {"full": True, "heads": 1, "kernel": 5}, {"full": True, "conv": False},
-     {"full": True, "use_category": False, "use_time": False}],
+     {"full": True, "use_category": False, "use_time": False}, {"full": True, "ffn_mult": 3}],
 )  # fmt: skip
 @pytest.mark.parametrize("t", [1, 2, 10])
 def test_the_inference_form_scores_like_the_model(variant, t):

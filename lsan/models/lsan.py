@@ -221,6 +221,7 @@ class LSANConfig(TableConfig):
     kernel: int = 3  # convolution window L, in positions
     conv: bool = True  # the convolution branch (False = plain self-attention ablation)
     layers: int = 1  # twin-attention layers
+    ffn_mult: int = 1  # feed-forward hidden size = ffn_mult * D (the paper's: D)
     dropout: float = 0.3  # dropout on embeddings, attention weights and residual branches
     attention: str = "causal"  # causal (AR) or bidirectional / local (AE, Cloze) SA branch
     window: int = 3  # local attention reach (attention = local only)
@@ -236,7 +237,7 @@ class TwinBlock(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.dim)
         self.twin = TwinAttention(cfg.dim, cfg.heads, cfg.kernel, cfg.dropout, cfg.conv)
         self.ln2 = nn.LayerNorm(cfg.dim)
-        self.ffn = FeedForward(cfg.dim, cfg.dim, cfg.dropout)
+        self.ffn = FeedForward(cfg.dim, cfg.ffn_mult * cfg.dim, cfg.dropout)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, mask, return_weights=False, pos=None, last=False):
