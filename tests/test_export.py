@@ -21,7 +21,8 @@ from lsan.models.layers import NEG as MODEL_NEG
 KINDS = {
     "sasrec": {"dim": 16, "layers": 1},
     "lsan": {"dim": 16, "m1": 0},
-    "lsan_full": {"dim": 16, "ffn_mult": 2},  # a wider feed-forward than the paper's
+    # a wider feed-forward than the paper's, the time slots also added to the input
+    "lsan_full": {"dim": 16, "ffn_mult": 2, "time_residual": True},
 }
 FILES = sorted([MANIFEST, META, MODEL, TABLES])
 

@@ -123,6 +123,11 @@ def test_context_changes_the_prediction_and_ablation_ignores_it():
         assert torch.allclose(
             no_time.score_all(items, cats, slots), no_time.score_all(items, cats, other)
         )
+        # model.time_residual reads the slots outside the fusion: they count again
+        residual = lsan(use_time=False, time_residual=True)
+        assert not torch.allclose(
+            residual.score_all(items, cats, slots), residual.score_all(items, cats, other)
+        )
 
 
 def expected_params(cfg, info):
@@ -133,8 +138,10 @@ def expected_params(cfg, info):
         emb = sum(table_sizes(n_items, cfg.tables, cfg.m1)) * d + (
             n_items * (cfg.tables + 1) if cfg.item_weights else 0
         )
-    ctx = (2 * info.num_categories * d if cfg.use_category else 0) + (
-        info.num_slots * d if cfg.use_time else 0
+    ctx = (
+        (2 * info.num_categories * d if cfg.use_category else 0)
+        + (info.num_slots * d if cfg.use_time else 0)
+        + (info.num_slots * d if cfg.time_residual else 0)
     )
     fusion = ctx + d + (d * d + d) + (2 * d * d + d)  # const, query, inject
     branches = 2 if cfg.conv else 1
@@ -160,6 +167,8 @@ def expected_params(cfg, info):
         {"full": True},
         {"layers": 2, "heads": 1},
         {"ffn_mult": 4},
+        {"time_residual": True},
+        {"full": True, "use_time": False, "time_residual": True},
     ],
 )
 def test_parameter_count_matches_formula(kw):
@@ -224,7 +233,8 @@ def test_one_base_vector_skips_the_fusion_query_with_the_same_numbers():
 @pytest.mark.parametrize(
     "variant",
     [{"full": True}, {}, {"full": True, "heads": 1, "kernel": 5}, {"full": True, "conv": False},
-     {"full": True, "use_category": False, "use_time": False}, {"full": True, "ffn_mult": 3}],
+     {"full": True, "use_category": False, "use_time": False}, {"full": True, "ffn_mult": 3},
+     {"full": True, "time_residual": True}, {"time_residual": True}],
 )  # fmt: skip
 @pytest.mark.parametrize("t", [1, 2, 10])
 def test_the_inference_form_scores_like_the_model(variant, t):

@@ -13,7 +13,10 @@ Design choices (the paper gives the design, no code; where it is silent the choi
   to fuse one item vector e; then the context
   is injected as x = e + GeLU(W [e ; c]) with W: 2D -> D (the paper's MLP([e ; c]); the residual
   keeps the item identity strong at initialisation). use_time / use_category switch the parts
-  off for the ablations; with both off the fusion query is a learned constant.
+  off for the ablations; with both off the fusion query is a learned constant. `time_residual`
+  (off in the paper's model) also adds each position's time-slot embedding to x, linearly, as
+  SASRec's use_time does: a probe of whether LSAN reads the request's time (data.slot_rule=ahead)
+  worse only because its time enters through the GeLU.
 - Twin attention, one layer by default, pre-LN: H self-attention heads (full width D each, the
   paper's O(3HD^2) accounting; positional embeddings added to this branch's input only; causal,
   bidirectional or local by `attention`) in parallel with H causal depth-wise convolution heads
@@ -217,6 +220,7 @@ class LSANConfig(TableConfig):
     dim: int = 128  # embedding and hidden size D (paper: 128; 64 on the sparsest data)
     use_category: bool = True  # category context (item t-1 and item t) in fusion and injection
     use_time: bool = True  # time-slot context (the paper's temporal ablation turns this off)
+    time_residual: bool = False  # also add each position's time-slot embedding to its input
     heads: int = 2  # heads per branch (H self-attention + H convolution)
     kernel: int = 3  # convolution window L, in positions
     conv: bool = True  # the convolution branch (False = plain self-attention ablation)
@@ -252,6 +256,9 @@ class LSAN(nn.Module):
         self.cfg, self.info = cfg, info
         self.item_emb = build_item_table(cfg, info.num_items, cfg.dim)
         self.fusion = ContextFusion(cfg.dim, info, cfg.use_category, cfg.use_time)
+        self.slot = (  # "slot": lsan.distill.slot_tensors
+            nn.Embedding(info.num_slots, cfg.dim, padding_idx=PAD) if cfg.time_residual else None
+        )
         self.pos_emb = nn.Embedding(info.max_len, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(TwinBlock(cfg) for _ in range(cfg.layers))
@@ -266,12 +273,14 @@ class LSAN(nn.Module):
     def embed(self, items: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Context-aware item vectors (B, T, D)."""
         if self.fusion.projected and self.mask_emb is None:  # the rows themselves, (B, T, D)
-            return self.fusion.inject_projected(self.item_emb(items), cats, slots)
-        if self.mask_emb is not None:  # AE: [MASK] replaces every selected base vector
-            base = with_mask_token(self.base, items, self.mask_emb, mask_token(self))
+            x = self.fusion.inject_projected(self.item_emb(items), cats, slots)
         else:
-            base = self.base(items)
-        return self.fusion(base, cats, slots)
+            if self.mask_emb is not None:  # AE: [MASK] replaces every selected base vector
+                base = with_mask_token(self.base, items, self.mask_emb, mask_token(self))
+            else:
+                base = self.base(items)
+            x = self.fusion(base, cats, slots)
+        return x if self.slot is None else x + self.slot(slots)
 
     def base(self, items: torch.Tensor) -> torch.Tensor:
         """(B, T) -> (B, T, N, D) selected base vectors (N = 1 for the full table)."""
