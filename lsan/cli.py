@@ -212,27 +212,50 @@ def _checkpoint_ranks(path: str, args: argparse.Namespace, device, ds=None):
     return run, ecfg, ds, rank_users(model, ds, args.split, info.max_len, ecfg, device)
 
 
+def _recipe_ranks(spec: str, args: argparse.Namespace, device, ds=None):
+    """`_checkpoint_ranks` of a checkpoint, or of several of one recipe joined by commas (its
+    seeds, say): the paths, the model name(s), the first's eval config, the dataset, and the
+    ranks, (users,) for one checkpoint, (checkpoints, users) for several (lsan.paired pools
+    them user by user)."""
+    import numpy as np
+
+    from lsan.checkpoint import CheckpointError
+
+    paths = [spec] if Path(spec).exists() else [p for p in spec.split(",") if p]
+    if not paths:
+        raise CheckpointError(f"{spec!r} names no checkpoint")
+    names, ecfg, ranks = [], None, []
+    for path in paths:
+        run, cfg, ds, r = _checkpoint_ranks(path, args, device, ds)
+        ecfg = ecfg or cfg
+        names += [run.model_name] if run.model_name not in names else []
+        ranks.append(r)
+    assert ecfg is not None  # one path at least
+    return paths, "+".join(names), ecfg, ds, ranks[0] if len(ranks) == 1 else np.stack(ranks)
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from lsan.evaluate import summarise
     from lsan.paired import paired
     from lsan.train import resolve_device
 
     device = resolve_device(args.device)
-    run, ecfg, ds, ranks = _checkpoint_ranks(args.checkpoint, args, device)
+    paths, model, ecfg, ds, ranks = _recipe_ranks(args.checkpoint, args, device)
     metrics = summarise(ranks, ecfg)
-    out = {"checkpoint": str(args.checkpoint), "model": run.model_name, "dataset": ds.name,
-           "split": args.split, "mask_seen": ecfg.mask_seen, **metrics}  # fmt: skip
-    rows = [{"checkpoint": str(args.checkpoint), "model": run.model_name, **metrics}]
+    out = {"checkpoint": str(args.checkpoint), "checkpoints": paths, "model": model,
+           "dataset": ds.name, "split": args.split, "mask_seen": ecfg.mask_seen,
+           **metrics}  # fmt: skip
+    rows = [{"checkpoint": str(args.checkpoint), "model": model, **metrics}]
     against = []
     all_ranks = [ranks]
     for other in args.against or []:
-        orun, ocfg, _, oranks = _checkpoint_ranks(other, args, device, ds)
+        opaths, omodel, ocfg, _, oranks = _recipe_ranks(other, args, device, ds)
         all_ranks.append(oranks)
         d = paired(ranks, oranks, k=10)
         om = summarise(oranks, ocfg)
-        against.append({"checkpoint": other, "model": orun.model_name, "NDCG@10": om["NDCG@10"],
-                        "first_minus_this_ndcg10": d.as_dict()})  # fmt: skip
-        rows.append({"checkpoint": other, "model": orun.model_name, **om,
+        against.append({"checkpoint": other, "checkpoints": opaths, "model": omodel,
+                        "NDCG@10": om["NDCG@10"], "first_minus_this_ndcg10": d.as_dict()})  # fmt: skip
+        rows.append({"checkpoint": other, "model": omodel, **om,
                      "first minus this, NDCG@10 [95% CI]": d.describe()})  # fmt: skip
     if against:
         out["against"] = against
@@ -253,6 +276,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if against:
             print("differences are paired over the same users: mean, 95% bootstrap interval, "
                   "paired t-test p-value (lsan/paired.py)")  # fmt: skip
+        if any(r.ndim == 2 for r in all_ranks):
+            print("a row of comma-joined checkpoints: their means, each user's NDCG@10 averaged "
+                  "over them before pairing")  # fmt: skip
         if parts:
             print(_segments_table(parts, len(all_ranks)))
     return 0
@@ -476,7 +502,9 @@ def parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("evaluate", help="full-ranking metrics of a checkpoint")
-    ev.add_argument("checkpoint")
+    ev.add_argument("checkpoint", help="a checkpoint, or several of one recipe joined by commas "
+                    "(its seeds): their mean metrics, each user's NDCG@10 averaged over them "
+                    "before a paired test (so also for --against)")  # fmt: skip
     ev.add_argument("--split", default="test", choices=["test", "valid"])
     ev.add_argument("--json", action="store_true")
     ev.add_argument(

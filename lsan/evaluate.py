@@ -77,5 +77,6 @@ def evaluate(
 
 
 def summarise(ranks: np.ndarray, cfg: EvalConfig) -> dict[str, float]:
-    """The reported metrics of every user's rank (also of ranks gathered from many processes)."""
-    return all_metrics(ranks, cfg.ks) | {"users": int(len(ranks))}
+    """The reported metrics of every user's rank (also of ranks gathered from many processes);
+    of several checkpoints' ranks on the same users, (checkpoints, users), their means."""
+    return all_metrics(np.ravel(ranks), cfg.ks) | {"users": int(np.shape(ranks)[-1])}

@@ -7,6 +7,10 @@ ttest_rel; with tens of thousands of users the mean difference is close to norma
 user's NDCG@10 is 0 for about nine users in ten, so an unpaired standard error of a single
 model's NDCG@10 is about 0.0011, 2% of the figure; pairing removes the users both rankers get
 equally right or wrong.
+
+One seed is itself a sample: a recipe's several checkpoints (seeds) are compared at once by
+averaging each user's NDCG@10 over them first (`user_scores` of ranks shaped (checkpoints,
+users)), so the test asks whether the recipes differ, with the seeds' noise averaged down.
 """
 
 from __future__ import annotations
@@ -42,13 +46,21 @@ def shown(d: dict) -> str:
     return f"{d['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}] p={d['p_value']:.2g}"
 
 
+def user_scores(ranks: np.ndarray, k: int) -> np.ndarray:
+    """Each user's NDCG@k from ranks (users,), or from several checkpoints' ranks (checkpoints,
+    users) the mean over the checkpoints: one recipe's seeds pooled user by user."""
+    s = user_ndcg(ranks, k)
+    return s.mean(axis=0) if s.ndim == 2 else s
+
+
 def paired(
     a_ranks: np.ndarray, b_ranks: np.ndarray, k: int = 10, resamples: int = 2000, seed: int = 0
 ) -> Paired:
-    """Compare rankers a and b from their targets' ranks, user i of one = user i of the other."""
+    """Compare rankers a and b from their targets' ranks, user i of one = user i of the other;
+    either side may be several checkpoints, (checkpoints, users) (see `user_scores`)."""
     from scipy import stats
 
-    a, b = user_ndcg(a_ranks, k), user_ndcg(b_ranks, k)
+    a, b = user_scores(a_ranks, k), user_scores(b_ranks, k)
     if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
         raise ValueError(f"paired ranks need the same users (>= 2): got {a.shape} and {b.shape}")
     d = a - b

@@ -22,8 +22,7 @@ import numpy as np
 
 from lsan.data.batching import item_counts
 from lsan.data.prepare import SeqDataset
-from lsan.metrics import user_ndcg
-from lsan.paired import paired
+from lsan.paired import paired, user_scores
 
 DAY = 86400
 HISTORY = ((1, 3), (4, 7), (8, 15), (16, None))
@@ -81,15 +80,16 @@ def segment_rows(
 ) -> list[dict[str, Any]]:
     """One row per segment: its users and share, each ranker's NDCG@k on it (`ndcg`, in the
     order of `ranks`) and the first's minus each other's, paired over the segment's users
-    (`first_minus`, one per ranker after the first; none for a segment of one user)."""
+    (`first_minus`, one per ranker after the first; none for a segment of one user). A ranker
+    may be several checkpoints, ranks (checkpoints, users): their mean (lsan.paired)."""
     rows = []
     for partition, parts_of in parts.items():
         for segment, mask in parts_of.items():
             rows.append({
                 "partition": partition, "segment": segment, "users": int(mask.sum()),
                 "share": float(mask.mean()),
-                "ndcg": [float(user_ndcg(r[mask], k).mean()) for r in ranks],
-                "first_minus": [paired(ranks[0][mask], r[mask], k).as_dict() for r in ranks[1:]]
-                if mask.sum() >= 2 else [],
+                "ndcg": [float(user_scores(r[..., mask], k).mean()) for r in ranks],
+                "first_minus": [paired(ranks[0][..., mask], r[..., mask], k).as_dict()
+                                for r in ranks[1:]] if mask.sum() >= 2 else [],
             })  # fmt: skip
     return rows

@@ -97,6 +97,20 @@ def test_evaluate_against_a_checkpoint_of_another_slot_rule(tmp_path, capsys):
         shown = json.loads(capsys.readouterr().out)
         assert shown["NDCG@10"] == alone[first]
         assert shown["against"][0]["NDCG@10"] == alone[other]
+    # two checkpoints joined by a comma are one ranker (a recipe's seeds): their mean metrics,
+    # each user's NDCG@10 averaged over them before pairing, so pooled minus one = half the gap
+    both = f"{runs['auto']},{runs['gap']}"
+    assert main(["evaluate", both, "--against", str(runs["gap"]), "--json", "--device", "cpu"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["checkpoints"] == [str(runs["auto"]), str(runs["gap"])]
+    assert shown["NDCG@10"] == pytest.approx((alone["auto"] + alone["gap"]) / 2, abs=1e-12)
+    d = shown["against"][0]["first_minus_this_ndcg10"]["delta"]
+    assert d == pytest.approx((alone["auto"] - alone["gap"]) / 2, abs=1e-12)
+    assert main(["evaluate", str(runs["gap"]), "--against", both, "--device", "cpu"]) == 0
+    assert "a row of comma-joined checkpoints" in capsys.readouterr().out
+    for bad, why in ((",", "names no checkpoint"), (f"{runs['gap']},{tmp_path / 'nope'}", "nope")):
+        assert main(["evaluate", bad, "--device", "cpu"]) == 2
+        assert why in capsys.readouterr().err
 
 
 def test_demo_prints_side_by_side_table(tmp_path, capsys):

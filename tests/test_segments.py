@@ -85,3 +85,15 @@ def test_segment_figures_add_up_to_the_split_and_pair_the_same_users(small_ds):
             vs_b, vs_a = r["first_minus"]
             assert vs_b["delta"] == pytest.approx(r["ndcg"][0] - r["ndcg"][1], abs=1e-12)
             assert vs_b["users"] == r["users"] and vs_a["delta"] == 0.0
+
+
+def test_a_ranker_of_several_checkpoints_is_their_mean_in_every_segment(small_ds):
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(0, 40, (2, small_ds.num_users))
+    rows = segment_rows(segments(small_ds, "test"), [np.stack([a, b]), a, b])
+    for r in rows:
+        assert r["ndcg"][0] == pytest.approx((r["ndcg"][1] + r["ndcg"][2]) / 2, abs=1e-12)
+        if r["users"] >= 2:  # pooled minus a = (b - a) / 2, user by user
+            vs_a, vs_b = r["first_minus"]
+            assert vs_a["delta"] == pytest.approx((r["ndcg"][2] - r["ndcg"][1]) / 2, abs=1e-12)
+            assert vs_b["delta"] == pytest.approx(-vs_a["delta"], abs=1e-12)
