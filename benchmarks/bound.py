@@ -31,7 +31,7 @@ from lsan.models import DataInfo
 from lsan.models.lsan import LSAN
 from lsan.models.sasrec import SASRec
 
-LOOKUP_ONLY = ("pos_emb.", "fusion.prev_cat.", "fusion.cur_cat.", "fusion.slot.")
+LOOKUP_ONLY = ("pos_emb.", "slot.", "fusion.prev_cat.", "fusion.cur_cat.", "fusion.slot.")
 FLOAT_ONLY = ("items.item_weights", "items.item_bias")  # used by Mul/Add, never quantized
 # formats whose big products run on 8-bit integers
 INT8 = ("int8", "int8-static", "lowbit", "lowbit8")

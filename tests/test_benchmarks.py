@@ -141,6 +141,19 @@ def test_flop_formula_matches_pytorch_counter(name, cfg):
     assert formula == counted + extra
 
 
+@pytest.mark.parametrize(("name", "key"), [("sasrec", "use_time"), ("lsan_full", "time_residual")])
+def test_a_time_slot_table_counts_only_the_rows_a_request_reads(name, key):
+    """The slot table added to the input is a lookup: a request of t positions reads at most t
+    of its rows (fp32: 4 bytes a number), not the whole table."""
+    info = DataInfo(num_items=500, num_categories=6, num_slots=30, max_len=20)
+    base = build_model(name, {"dim": 16}, info)
+    timed = build_model(name, {"dim": 16, key: True}, info)
+    extra = bound.request_bytes(timed, info, 20, "fp32") - bound.request_bytes(
+        base, info, 20, "fp32"
+    )
+    assert extra == 20 * 16 * 4
+
+
 def test_bad_flags_are_one_error_line(tmp_path, capsys):
     assert main(["--checkpoints", str(tmp_path), "--name", "x", "--skip", "speed"]) == 2
     assert "unknown section speed" in capsys.readouterr().err
