@@ -164,6 +164,7 @@ MODEL_BAD = {
     "item_weights": [("maybe", "cannot read 'maybe' as bool")],
     "use_category": [("2", "cannot read '2' as bool")],
     "use_time": [("maybe", "cannot read 'maybe' as bool")],
+    "time_residual": [("yes please", "cannot read 'yes please' as bool")],
     "conv": [("maybe", "cannot read 'maybe' as bool")],
 }
 
