@@ -224,14 +224,14 @@ def _recipe_ranks(spec: str, args: argparse.Namespace, device, ds=None):
     paths = [spec] if Path(spec).exists() else [p for p in spec.split(",") if p]
     if not paths:
         raise CheckpointError(f"{spec!r} names no checkpoint")
-    names, ecfg, ranks = [], None, []
+    names, cfgs, ranks = [], [], []
     for path in paths:
         run, cfg, ds, r = _checkpoint_ranks(path, args, device, ds)
-        ecfg = ecfg or cfg
-        names += [run.model_name] if run.model_name not in names else []
+        names.append(run.model_name)
+        cfgs.append(cfg)
         ranks.append(r)
-    assert ecfg is not None  # one path at least
-    return paths, "+".join(names), ecfg, ds, ranks[0] if len(ranks) == 1 else np.stack(ranks)
+    model = "+".join(dict.fromkeys(names))  # each name once, in order
+    return paths, model, cfgs[0], ds, ranks[0] if len(ranks) == 1 else np.stack(ranks)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

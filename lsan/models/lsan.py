@@ -272,14 +272,13 @@ class LSAN(nn.Module):
 
     def embed(self, items: torch.Tensor, cats: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Context-aware item vectors (B, T, D)."""
-        if self.fusion.projected and self.mask_emb is None:  # the rows themselves, (B, T, D)
+        if self.mask_emb is not None:  # AE: [MASK] replaces every selected base vector
+            base = with_mask_token(self.base, items, self.mask_emb, mask_token(self))
+            x = self.fusion(base, cats, slots)
+        elif self.fusion.projected:  # the rows themselves, (B, T, D)
             x = self.fusion.inject_projected(self.item_emb(items), cats, slots)
         else:
-            if self.mask_emb is not None:  # AE: [MASK] replaces every selected base vector
-                base = with_mask_token(self.base, items, self.mask_emb, mask_token(self))
-            else:
-                base = self.base(items)
-            x = self.fusion(base, cats, slots)
+            x = self.fusion(self.base(items), cats, slots)
         return x if self.slot is None else x + self.slot(slots)
 
     def base(self, items: torch.Tensor) -> torch.Tensor:
