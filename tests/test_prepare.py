@@ -83,6 +83,32 @@ def test_gap_rule_reads_the_time_since_the_entry_before():
     assert time_slots(np.array([7]), "ahead").tolist() == [UNKNOWN]
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gap_buckets_are_the_minute_octaves_at_every_edge(seed):
+    """The binary search over GAP_BOUNDS gives the module docstring's octaves exactly: checked
+    against the formula itself (floor(log2(minutes)), at least 0, at most 22) at each bucket's
+    edges, across 40 octaves of seconds and with unknown times, users and backward steps."""
+    rng = np.random.default_rng(seed)
+    edges = [0, 1, 59, 60, 61, 119, 120, 121] + [
+        60 * 2**k + d for k in range(1, 25) for d in (-1, 0, 1)
+    ]
+    gaps = np.concatenate([edges, (2.0 ** rng.uniform(0, 40, 300)).astype(np.int64),
+                           rng.integers(-(10**6), 10**6, 100)])  # fmt: skip
+    rng.shuffle(gaps)
+    ts = np.cumsum(gaps) + 1_300_000_000
+    ts[rng.random(len(ts)) < 0.05] = -1
+    starts = rng.random(len(ts)) < 0.1
+    gap = np.diff(ts)
+    octave = np.minimum(np.floor(np.log2(np.maximum(gap / 60.0, 1.0))), 22).astype(np.int64)
+    known = (ts[1:] >= 0) & (ts[:-1] >= 0) & (gap >= 0)
+    between = np.where(known, np.where(gap == 0, 2, 3 + octave), UNKNOWN)
+    expected = np.concatenate([[UNKNOWN], between])
+    expected[starts] = UNKNOWN
+    assert np.array_equal(time_slots(ts, "gap", starts), expected)
+    assert set(expected.tolist()) >= set(range(1, 26))  # every slot was reached
+    assert np.array_equal(time_slots(ts, "ahead", starts), np.append(expected[1:], UNKNOWN))
+
+
 def test_slot_rule_is_chosen_at_load_and_checked(tmp_path):
     auto = load_dataset("synthetic", cache_dir=str(tmp_path))
     gap = load_dataset("synthetic", cache_dir=str(tmp_path), slot_rule="gap")
