@@ -51,12 +51,14 @@ class Artifact:
         self.sorted_index = order + 1  # item index of each sorted raw id
         # raw ids that are small non-negative ints (most datasets' are 1..|V| or near): a direct
         # table, one memory access per id where the binary search above makes ~log2 |V|, cache
-        # misses in the server (its caches are cold after every onnxruntime run)
+        # misses in the server (its caches are cold after every onnxruntime run). Entry raw + 1
+        # holds raw's index, 0 where raw is no item, and a 0 at each end catches every id
+        # outside the range (clipped to an end; raw + 1 wraps for the largest int64, to the low end)
         top = int(self.catalogue.max(initial=0)) + 1
         self.direct: np.ndarray | None = None
         if self.catalogue.min(initial=0) >= 0 and top <= DIRECT_SLOTS * len(self.raw_ids):
-            self.direct = np.zeros(top, dtype=np.int64)
-            self.direct[self.catalogue] = np.arange(1, len(self.raw_ids), dtype=np.int64)
+            self.direct = np.zeros(top + 2, dtype=np.int64)
+            self.direct[self.catalogue + 1] = np.arange(1, len(self.raw_ids), dtype=np.int64)
         self.category = t.item_category.copy()
         self.category[0] = PAD  # padding positions then look up their own category, PAD
         self.titles = t.item_titles  # title of each item index, None when the dataset has none
@@ -127,9 +129,8 @@ class Artifact:
     def indices(self, raw_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Item index of each raw id, 0 for an id not in the catalogue."""
         ids = np.asarray(raw_ids, dtype=np.int64)
-        if self.direct is not None:  # an id outside the table clips to an item that is not it
-            found = self.direct.take(ids, mode="clip")
-            return np.where(self.raw_ids.take(found) == ids, found, 0)
+        if self.direct is not None:
+            return self.direct.take(ids + 1, mode="clip")
         pos = np.searchsorted(self.sorted_ids, ids)  # an id past the last one clips to it
         hit = self.sorted_ids.take(pos, mode="clip") == ids
         return np.where(hit, self.sorted_index.take(pos, mode="clip"), 0)
