@@ -84,8 +84,10 @@ class RecommendRequest(BaseModel):
     def _asked_after_the_history(self) -> RecommendRequest:
         """A request's time is no earlier than its history's last timestamp."""
         if self.at is not None:
-            last = max((e["timestamp"] for e in self.history
-                        if e.get("timestamp") is not None), default=None)  # fmt: skip
+            # the history's times never go backwards (_one_timeline), so the last given one is
+            # the latest: found from the end, one entry in the usual case
+            last = next((e["timestamp"] for e in reversed(self.history)
+                         if e.get("timestamp") is not None), None)  # fmt: skip
             if last is not None and last > self.at:
                 raise PydanticCustomError(
                     "request_before_history",

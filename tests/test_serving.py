@@ -458,6 +458,7 @@ BAD = [
     ("duplicate, same timestamp", "post", "/recommend", {"json": {"history": [OK, OK]}}, 422, "duplicate entry: item_id 2"),
     ("newest first", "post", "/recommend", {"json": {"history": [{"item_id": 2, "timestamp": T0}, {"item_id": 3, "timestamp": T0 - 1}]}}, 422, "oldest first"),
     ("at before the history", "post", "/recommend", {"json": {"history": [{"item_id": 2, "timestamp": T0}], "at": T0 - 1}}, 422, "is earlier than the history's last timestamp"),
+    ("at before the last given time", "post", "/recommend", {"json": {"history": [{"item_id": 2, "timestamp": T0 - 5}, {"item_id": 3, "timestamp": T0}, {"item_id": 4}], "at": T0 - 1}}, 422, f"last timestamp ({float(T0)})"),
     ("at string", "post", "/recommend", {"json": {"history": [], "at": "now"}}, 422, "at"),
     ("at negative", "post", "/recommend", {"json": {"history": [], "at": -1}}, 422, "at"),
     ("at NaN", "post", "/recommend", _json('{"history": [], "at": NaN}'), 422, "at"),
