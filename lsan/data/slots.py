@@ -23,7 +23,7 @@ PAD = 0
 UNKNOWN = 1
 GAP_OCTAVES = 23  # minute octaves of "gap": from 2^0 to 2^22 minutes and beyond
 NUM_SLOTS = {"hour": 26, "weekday": 9, "gap": 3 + GAP_OCTAVES, "ahead": 3 + GAP_OCTAVES, "none": 2}
-RULES = ("auto", *NUM_SLOTS)
+RULES = ("auto", *NUM_SLOTS)  # data.slot_rule: "auto" picks hour or weekday from the data
 # "gap" buckets in seconds: a gap in [GAP_BOUNDS[i - 1], GAP_BOUNDS[i]) has slot i (the int64
 # minimum first, so every gap finds i >= 1): a negative gap unknown (1), 0 is 2, under 2 minutes
 # 3, 2^j to 2^(j+1) minutes 3 + j, and 2^22 minutes and more 3 + 22
@@ -62,7 +62,7 @@ def gap_slots(ts: np.ndarray, starts: np.ndarray | None = None) -> np.ndarray:
     """The "gap" rule's slots of ordered int64 timestamps (see the module docstring)."""
     slots = np.full(ts.shape, UNKNOWN, dtype=np.int64)
     if len(ts) > 1:
-        slots[1:] = between(ts)
+        slots[1:] = slots_between(ts)
     if starts is not None:
         slots[np.asarray(starts, dtype=bool)] = UNKNOWN
     return slots
@@ -73,13 +73,13 @@ def ahead_slots(ts: np.ndarray, starts: np.ndarray | None = None) -> np.ndarray:
     time until it); a user's last interaction, with nothing after it, is unknown."""
     slots = np.full(ts.shape, UNKNOWN, dtype=np.int64)
     if len(ts) > 1:
-        slots[:-1] = between(ts)
+        slots[:-1] = slots_between(ts)
         if starts is not None:  # no slot crosses users
             slots[:-1][np.asarray(starts, dtype=bool)[1:]] = UNKNOWN
     return slots
 
 
-def between(ts: np.ndarray) -> np.ndarray:
+def slots_between(ts: np.ndarray) -> np.ndarray:
     """The slot of each gap between consecutive timestamps (len(ts) - 1 of them).
 
     One binary search of each gap in GAP_BOUNDS: the server runs this on every "gap" or "ahead"
