@@ -207,6 +207,26 @@ def test_scaling_measures_a_low_bit_table_in_its_own_format_too(tmp_path):
     assert share[1] < share[0] and share[1] < 0.5
 
 
+def test_scaling_labels_tell_a_bias_and_time_apart():
+    """A student and its bias stage (or SASRec with and without time slots) export different
+    graphs: the scaling table names each, never two rows alike."""
+    from lsan.benchmarks import scaling
+    from lsan.models import model_config
+
+    grid = {"dim": 32, "bits": 2, "hot_rows": 2500}
+    labels = [
+        scaling.describe(name, model_config(name, {**grid, **extra}))
+        for name, extra in [
+            ("sasrec", {}), ("sasrec", {"item_bias": True}), ("sasrec", {"use_time": True}),
+            ("lsan_full", {"heads": 1}), ("lsan_full", {"heads": 1, "item_bias": True}),
+            ("lsan_full", {"heads": 1, "time_residual": True, "item_bias": True}),
+        ]
+    ]  # fmt: skip
+    assert len(set(labels)) == len(labels)
+    assert labels[1] == "sasrec D=32 L=2 2-bit +2500 at 4 +bias"
+    assert labels[5] == "lsan_full full D=32 L=1 h=1 2-bit +2500 at 4 +time residual +bias"
+
+
 def test_interleaved_timing_takes_turns_and_keeps_to_its_counts():
     """Every fn is timed in turns of `block` calls (a host that slows down mid-run slows all of
     them alike), after its warm-up calls, up to `repeats` calls each."""
