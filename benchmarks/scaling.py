@@ -41,22 +41,18 @@ def describe(name: str, cfg: Any) -> str:
     """One label per architecture: two configurations that export different graphs (an output
     bias, time on the residual path) must not share a row's name."""
     grid = f" {cfg.bits}-bit +{cfg.hot_rows} at {cfg.hot_bits}" if getattr(cfg, "bits", 0) else ""
-    extras = [
-        flag
-        for flag, on in (
-            ("time", name == "sasrec" and getattr(cfg, "use_time", False)),
-            ("time residual", getattr(cfg, "time_residual", False)),
-            ("bias", getattr(cfg, "item_bias", False)),
-        )
-        if on
-    ]
-    grid += "".join(f" +{flag}" for flag in extras)
+    parts = (
+        ("time", name == "sasrec" and getattr(cfg, "use_time", False)),
+        ("time residual", getattr(cfg, "time_residual", False)),
+        ("bias", getattr(cfg, "item_bias", False)),
+    )
+    tail = grid + "".join(f" +{part}" for part, on in parts if on)
     if name == "sasrec":
-        return f"sasrec D={cfg.dim} L={cfg.layers}{grid}"
+        return f"sasrec D={cfg.dim} L={cfg.layers}{tail}"
     if getattr(cfg, "full_table", False):
-        return f"{name} full D={cfg.dim} L={cfg.layers} h={cfg.heads}{grid}"
+        return f"{name} full D={cfg.dim} L={cfg.layers} h={cfg.heads}{tail}"
     layout = "balanced" if cfg.m1 == 0 else f"m1={cfg.m1}"
-    return f"{name} N={cfg.tables} {layout} D={cfg.dim}{grid}"
+    return f"{name} N={cfg.tables} {layout} D={cfg.dim}{tail}"
 
 
 def architectures(ckpts: list[Checkpoint]) -> list[tuple[str, str, Any, DataInfo]]:
