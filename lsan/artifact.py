@@ -141,13 +141,15 @@ class Artifact:
 # ---------------------------------------------------------------- onnxruntime
 
 
-def session(path: str | Path, threads: int = 1) -> ort.InferenceSession:
-    """One CPU session; `threads` intra-op threads (1 = one phone core). Thread-safe to run."""
+def session(path: str | Path | bytes, threads: int = 1) -> ort.InferenceSession:
+    """One CPU session of a file (or a serialized model); `threads` intra-op threads (1 = one
+    phone core). Thread-safe to run."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
 def feeds(items, cats, slots, exclude) -> dict[str, np.ndarray]:

@@ -435,3 +435,41 @@ def test_every_cold_call_and_no_warm_one_follows_an_eviction(monkeypatch):
     cold_block = ["evict", "a", "evict", "b"] * 3 + ["a"] * 3 + ["b"] * 3
     assert timed == cold_block * 2
     assert all(len(t) == 3 for t in times["a"].values())  # p50, p95, p99 of cold and warm alike
+
+
+def test_split_cuts_each_file_at_h_into_encoder_and_scoring(frontier, tmp_path, capsys):
+    """benchmarks.split: the two halves of each graph, timed beside the whole; the scoring half
+    reproduces the whole graph's top-K (checked inside, or the run is an argument error)."""
+    import onnx
+
+    from lsan.artifact import read
+    from lsan.benchmarks import split
+    from lsan.benchmarks.latency import request_feeds
+
+    art = frontier.parent / "art"
+    files = {"big-int8": art / "big" / "big-int8", "lowbit": art / "lowbit" / "lowbit-lowbit"}
+    args = [a for n, f in files.items() for a in ("--artifact", f"{n}={f}")]
+    assert split.main([*args, "--runs", "2", "--repeats", "5", "--name", "cut",
+                       "--out", str(tmp_path)]) == 0  # fmt: skip
+    rec = json.loads((tmp_path / "cut.json").read_text())
+    assert rec["environment"]["command"].startswith("python -m benchmarks.split --artifact")
+    assert len(rec["runs"]) == 2 and [r["artifact"] for r in rec["table"]] == list(files)
+    for row in rec["table"]:
+        n = row["nodes"]
+        assert 0 < n["encoder"] < n["whole"] and 0 < n["scoring"] < n["whole"]
+        for part in ("whole", "encoder", "scoring"):
+            assert 0 < row[f"{part}_p50_min"] <= row[f"{part}_p50_max"]
+        assert 0 < row["scoring_share_min"] <= row["scoring_share_max"]
+    assert "scoring share" in capsys.readouterr().out
+    # the halves' inputs: the history for the encoder, h and the exclusions for the scoring
+    model = onnx.load(files["lowbit"] / "model.onnx")
+    h = split.hidden_name(model)
+    cut = split.halves(files["lowbit"] / "model.onnx",
+                       request_feeds(read(files["lowbit"]).meta.info, 1, 8))  # fmt: skip
+    names = {k: [i.name for i in s[0].get_inputs()] for k, s in cut["sessions"].items()}
+    assert names["encoder"] == ["items", "cats", "slots"] and names["scoring"] == [h, "exclude"]
+    # a graph with no layer norm has no h to cut at: one error line, nothing timed
+    del model.graph.node[:]
+    onnx.save(model, tmp_path / "bare.onnx")
+    with pytest.raises(ValueError, match="no LayerNormalization"):
+        split.halves(tmp_path / "bare.onnx", {})
