@@ -223,13 +223,18 @@ def test_a_row_never_takes_another_rows_artifact_for_a_format(tmp_path):
     assert device_frontier.written(base, ["int8"]) == {"int8": base.with_name("a-int8")}
 
 
+def exported(frontier):
+    """Two of the frontier's exported folders by name, and the --artifact flags naming them."""
+    art = frontier.parent / "art"
+    files = {"big-int8": art / "big" / "big-int8", "lowbit": art / "lowbit" / "lowbit-lowbit"}
+    return files, [a for n, f in files.items() for a in ("--artifact", f"{n}={f}")]
+
+
 def test_rotation_times_exported_folders_without_evaluating_them(frontier, tmp_path, capsys):
     """benchmarks.rotation: the frontier's interleaved timing and floors for existing folders."""
     from lsan.benchmarks import rotation
 
-    art = frontier.parent / "art"
-    files = {"big-int8": art / "big" / "big-int8", "lowbit": art / "lowbit" / "lowbit-lowbit"}
-    args = [a for n, f in files.items() for a in ("--artifact", f"{n}={f}")]
+    files, args = exported(frontier)
     assert rotation.main([*args, "--runs", "2", "--rounds", "2", "--name", "rot",
                           "--out", str(tmp_path)]) == 0  # fmt: skip
     rec = json.loads((tmp_path / "rot.json").read_text())
@@ -446,9 +451,7 @@ def test_split_cuts_each_file_at_h_into_encoder_and_scoring(frontier, tmp_path, 
     from lsan.benchmarks import split
     from lsan.benchmarks.latency import request_feeds
 
-    art = frontier.parent / "art"
-    files = {"big-int8": art / "big" / "big-int8", "lowbit": art / "lowbit" / "lowbit-lowbit"}
-    args = [a for n, f in files.items() for a in ("--artifact", f"{n}={f}")]
+    files, args = exported(frontier)
     assert split.main([*args, "--runs", "2", "--repeats", "5", "--name", "cut",
                        "--out", str(tmp_path)]) == 0  # fmt: skip
     rec = json.loads((tmp_path / "cut.json").read_text())
@@ -468,7 +471,7 @@ def test_split_cuts_each_file_at_h_into_encoder_and_scoring(frontier, tmp_path, 
                        request_feeds(read(files["lowbit"]).meta.info, 1, 8))  # fmt: skip
     names = {k: [i.name for i in s[0].get_inputs()] for k, s in cut["sessions"].items()}
     assert names["encoder"] == ["items", "cats", "slots"] and names["scoring"] == [h, "exclude"]
-    # a graph with no layer norm has no h to cut at: one error line, nothing timed
+    # a graph with no layer norm has no h to cut at (main makes it one error line)
     del model.graph.node[:]
     onnx.save(model, tmp_path / "bare.onnx")
     with pytest.raises(ValueError, match="no LayerNormalization"):
