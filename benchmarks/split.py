@@ -43,15 +43,15 @@ def hidden_name(model: onnx.ModelProto) -> str:
 
 
 def halves(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The whole graph, its encoder and its scoring as sessions with their feeds; the scoring
-    half is checked against the whole graph on these feeds."""
+    """The graph's encoder and scoring as sessions with their feeds, and the node counts; the
+    scoring half is checked against the whole graph's top-K on these feeds (one run of the
+    whole graph with h as an extra output gives both h and that top-K)."""
     model = onnx.load(path)
     h = hidden_name(model)
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(h))
-    whole = session(model.SerializeToString())
-    hv = session(probe.SerializeToString()).run([h], feeds)[0]
+    hv, *want = session(probe.SerializeToString()).run([h, *TOP], feeds)
     dims: list[str | int] = ["batch", *hv.shape[1:]]
     model.graph.value_info.append(
         onnx.helper.make_tensor_value_info(h, onnx.TensorProto.FLOAT, dims)
@@ -62,11 +62,11 @@ def halves(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
              "scoring": cut.extract_model([h, "exclude"], TOP)}  # fmt: skip
     inputs = {"encoder": {k: feeds[k] for k in history},
               "scoring": {h: hv, "exclude": feeds["exclude"]}}  # fmt: skip
-    sessions = {"whole": (whole, TOP, feeds)} | {
+    sessions = {
         name: (session(g.SerializeToString()), [o.name for o in g.graph.output], inputs[name])
         for name, g in parts.items()
     }
-    got, want = sessions["scoring"][0].run(TOP, sessions["scoring"][2]), whole.run(TOP, feeds)
+    got = sessions["scoring"][0].run(TOP, inputs["scoring"])
     if not (np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1])):
         raise ValueError(f"{path}: the scoring half does not give the whole graph's top-K")
     nodes = {"whole": len(model.graph.node)} | {k: len(g.graph.node) for k, g in parts.items()}
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             cut[key] = halves(folders[key] / "model.onnx", x)
         except ValueError as e:
             ap.error(str(e))
+        # the whole graph: the verified artifact's own session (same options as the halves')
+        cut[key]["sessions"] = {"whole": (a.session, TOP, x)} | cut[key]["sessions"]
     calls = [(key, part, s) for key, c in cut.items() for part, s in c["sessions"].items()]
     fns = [lambda s=s: s[0].run(s[1], s[2]) for _, _, s in calls]
     runs: list[dict[str, dict[str, float]]] = []
